@@ -1,0 +1,3 @@
+// Package fencing makes stale lock holders harmless: PostgreSQL itself
+// rejects writes to protected rows that carry an outdated fence.
+package fencing

@@ -1,0 +1,40 @@
+// Package pgtest provisions real PostgreSQL databases for pgfence's tests.
+// There are no mocks: anything whose behaviour is PostgreSQL's is tested
+// against PostgreSQL.
+//
+// # Where the server comes from
+//
+// The first test that asks for a database provisions a server for the test
+// process, trying in this order:
+//
+//  1. PGFENCE_TEST_DATABASE_URL, if set: an existing server (the role needs
+//     CREATEDB). Nothing is started.
+//  2. testcontainers-go's postgres module, when a Docker engine answers.
+//  3. A throwaway cluster from PostgreSQL binaries on the machine (initdb and
+//     postgres on PATH or under /usr/lib/postgresql/*/bin), in a temporary
+//     directory, on a free loopback port. When the tests run as root, the
+//     cluster runs as the unprivileged "postgres" user (or "nobody").
+//  4. Otherwise every test that needs a database fails with a message saying
+//     how to provide one. Tests never skip silently.
+//
+// # Isolation
+//
+// Each test gets its own database, cloned (CREATE DATABASE … TEMPLATE) from a
+// template that has pgfence's migrations applied. The template's name carries
+// a hash of the migration files, so test processes of several packages share
+// it safely and a changed migration gets a new one. Tests and packages can
+// therefore run in parallel without seeing each other's rows, leases or
+// protected tables. Advisory locks are per database too (their lock tag
+// includes the database OID).
+//
+// # Throwaway clusters
+//
+// StartCluster starts a cluster owned by one test, which the test may stop
+// (smart, fast, immediate), kill, and start again: fault-injection tests use
+// it, never the shared server.
+//
+// # Leaks
+//
+// Main, called from a package's TestMain, runs the tests, stops whatever the
+// process provisioned, and fails the run if goroutines leaked (goleak).
+package pgtest

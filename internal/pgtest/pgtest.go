@@ -1,0 +1,303 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// EnvURL names the environment variable that points the tests at an existing
+// server. Its role needs CREATEDB; each test creates and drops its own
+// database there.
+const EnvURL = "PGFENCE_TEST_DATABASE_URL"
+
+// server is the PostgreSQL server this test process uses for per-test
+// databases.
+type server struct {
+	adminURL string       // a database on the server we may connect to
+	source   string       // how it was provisioned, for messages
+	stop     func() error // nil when we did not start it
+}
+
+var (
+	srvOnce sync.Once
+	srv     *server
+	srvErr  error
+
+	tplMu   sync.Mutex
+	tplName string
+)
+
+// Main runs the package's tests, stops the server this process provisioned,
+// and fails the run when goroutines leak. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+func Main(m *testing.M, opts ...goleak.Option) {
+	code := m.Run()
+	if srv != nil && srv.stop != nil {
+		if err := srv.stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: stop %s: %v\n", srv.source, err)
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines leaked after the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Source says where this process's test server came from ("PGFENCE_TEST_DATABASE_URL",
+// "testcontainers", "local binaries (/usr/lib/postgresql/15/bin)"). It
+// provisions the server if no test has yet.
+func Source(t testing.TB) string {
+	t.Helper()
+	return provision(t).source
+}
+
+func provision(t testing.TB) *server {
+	t.Helper()
+	srvOnce.Do(func() { srv, srvErr = provisionServer() })
+	if srvErr != nil {
+		t.Fatalf("pgtest: no PostgreSQL for the tests: %v\n\n%s", srvErr, howToProvide)
+	}
+	return srv
+}
+
+const howToProvide = `pgfence's tests need a real PostgreSQL (14 or newer). Provide one of:
+  - PGFENCE_TEST_DATABASE_URL=postgres://user@host:5432/postgres (the role needs CREATEDB);
+  - a running Docker engine (testcontainers-go starts postgres);
+  - PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin,
+    e.g. apt-get install -y postgresql.
+bash .ci/run sets one of these up for you.`
+
+func provisionServer() (*server, error) {
+	if u := os.Getenv(EnvURL); u != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, u)
+		if err != nil {
+			return nil, fmt.Errorf("%s is set but unusable: %w", EnvURL, err)
+		}
+		_ = conn.Close(ctx)
+		return &server{adminURL: u, source: EnvURL}, nil
+	}
+	var reasons []string
+	if s, err := startContainer(); err == nil {
+		return s, nil
+	} else {
+		reasons = append(reasons, "testcontainers: "+err.Error())
+	}
+	c, err := newCluster()
+	if err == nil {
+		return &server{adminURL: c.URL("postgres"), source: "local binaries (" + c.bin + ")", stop: c.destroy}, nil
+	}
+	reasons = append(reasons, "local binaries: "+err.Error())
+	return nil, fmt.Errorf("%s unset; %s", EnvURL, strings.Join(reasons, "; "))
+}
+
+// URL returns the connection URL of a new database, cloned from a template
+// with pgfence's migrations applied, that belongs to t and is dropped when t
+// ends.
+func URL(t testing.TB) string {
+	t.Helper()
+	s := provision(t)
+	tpl, err := template(s)
+	if err != nil {
+		t.Fatalf("pgtest: migrated template: %v", err)
+	}
+	return newDatabase(t, s, tpl)
+}
+
+// EmptyURL returns the connection URL of a new, empty database (no pgfence
+// schema) that belongs to t and is dropped when t ends. Migration tests use
+// it.
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	return newDatabase(t, provision(t), "template0")
+}
+
+// Pool returns a pool over a new migrated database (see URL), closed when t
+// ends. The pool's size can be set with pool_max_conns in the URL's options
+// by calling pgxpool.New(URL(t)) yourself instead.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return PoolFor(t, URL(t))
+}
+
+// PoolFor opens a pool over databaseURL, closed when t ends.
+func PoolFor(t testing.TB, databaseURL string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		t.Fatalf("pgtest: open pool: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		t.Fatalf("pgtest: ping: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newDatabase(t testing.TB, s *server, tpl string) string {
+	t.Helper()
+	name := "pgfence_test_" + randomHex(6)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		t.Fatalf("pgtest: connect to %s: %v", s.source, err)
+	}
+	defer admin.Close(context.Background())
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tpl}.Sanitize()
+	if _, err := admin.Exec(ctx, create); err != nil {
+		t.Fatalf("pgtest: %s: %v", create, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, s.adminURL)
+		if err != nil {
+			t.Errorf("pgtest: connect to drop %s: %v", name, err)
+			return
+		}
+		defer admin.Close(context.Background())
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: drop %s: %v", name, err)
+		}
+	})
+	u, err := withDatabase(s.adminURL, name)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return u
+}
+
+// template returns the name of the migrated template database on s,
+// building it once per server under an advisory lock so that concurrent test
+// processes build it once.
+func template(s *server) (string, error) {
+	tplMu.Lock()
+	defer tplMu.Unlock()
+	if tplName != "" {
+		return tplName, nil
+	}
+	hash, err := migrationsHash()
+	if err != nil {
+		return "", err
+	}
+	name := "pgfence_tpl_" + hash
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		return "", fmt.Errorf("connect to %s: %w", s.source, err)
+	}
+	defer admin.Close(context.Background())
+	// Any constant works; this one spells "pgfence tpl".
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(7451941893224720236)"); err != nil {
+		return "", fmt.Errorf("lock template build: %w", err)
+	}
+	var ready bool
+	err = admin.QueryRow(ctx, "SELECT coalesce(bool_or(datistemplate), false) FROM pg_database WHERE datname = $1", name).Scan(&ready)
+	if err != nil {
+		return "", fmt.Errorf("look up template: %w", err)
+	}
+	if !ready {
+		id := pgx.Identifier{name}.Sanitize()
+		// A half-built template from a crashed run is rebuilt from scratch.
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)"); err != nil {
+			return "", fmt.Errorf("drop stale template: %w", err)
+		}
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+id+" TEMPLATE template0"); err != nil {
+			return "", fmt.Errorf("create template: %w", err)
+		}
+		u, err := withDatabase(s.adminURL, name)
+		if err != nil {
+			return "", err
+		}
+		if err := migrations.Up(ctx, u); err != nil {
+			return "", fmt.Errorf("migrate template: %w", err)
+		}
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+id+" WITH IS_TEMPLATE true"); err != nil {
+			return "", fmt.Errorf("mark template: %w", err)
+		}
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_unlock(7451941893224720236)"); err != nil {
+		return "", fmt.Errorf("unlock template build: %w", err)
+	}
+	tplName = name
+	return name, nil
+}
+
+// migrationsHash identifies the content of the embedded migrations.
+func migrationsHash() (string, error) {
+	h := sha256.New()
+	var names []string
+	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			names = append(names, path)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("read embedded migrations: %w", err)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		b, err := fs.ReadFile(migrations.FS, n)
+		if err != nil {
+			return "", fmt.Errorf("read %s: %w", n, err)
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", n, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
+}
+
+// withDatabase returns databaseURL pointing at database name instead.
+// It accepts URLs and keyword/value connection strings.
+func withDatabase(databaseURL, name string) (string, error) {
+	if strings.HasPrefix(databaseURL, "postgres://") || strings.HasPrefix(databaseURL, "postgresql://") {
+		u, err := url.Parse(databaseURL)
+		if err != nil {
+			return "", fmt.Errorf("parse %s: %w", EnvURL, err)
+		}
+		u.Path = "/" + name
+		q := u.Query()
+		q.Del("dbname")
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	// Keyword/value: a later keyword overrides an earlier one.
+	return databaseURL + " dbname=" + name, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,119 @@
+package pgtest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestURLIsMigratedAndIsolated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Logf("server: %s", pgtest.Source(t))
+	a, b := pgtest.URL(t), pgtest.URL(t)
+	if a == b {
+		t.Fatalf("two tests got the same database %s", a)
+	}
+	ca, err := pgx.Connect(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close(ctx)
+	cb, err := pgx.Connect(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close(ctx)
+	if _, err := ca.Exec(ctx, "INSERT INTO pgfence.leases (name, owner, fence, expires_at) VALUES ('x', 'o', 1, clock_timestamp() + interval '1 minute')"); err != nil {
+		t.Fatalf("migrated schema missing: %v", err)
+	}
+	var n int
+	if err := cb.QueryRow(ctx, "SELECT count(*) FROM pgfence.leases").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("database b sees %d leases written to database a", n)
+	}
+}
+
+func TestEmptyURLHasNoSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.EmptyURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgfence')").Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Fatal("empty database has schema pgfence")
+	}
+}
+
+// TestClusterStopStartKill drives a throwaway cluster through every way a
+// fault test stops it; data written before survives each restart.
+func TestClusterStopStartKill(t *testing.T) {
+	t.Parallel()
+	c := pgtest.StartCluster(t, pgtest.WithSetting("idle_session_timeout", "0"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	exec := func(sql string) int {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		defer conn.Close(ctx)
+		var n int
+		if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return n
+	}
+	exec("SELECT count(*) FROM (SELECT 1 FROM pg_class LIMIT 1) s")
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (v int); INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	port := c.Port()
+	for i, stop := range []func() error{
+		func() error { return c.Stop("fast") },
+		func() error { return c.Stop("immediate") },
+		c.Kill,
+	} {
+		if err := stop(); err != nil {
+			t.Fatalf("stop %d: %v", i, err)
+		}
+		if c.Pid() != 0 {
+			t.Fatalf("stop %d: still running", i)
+		}
+		if _, err := pgx.Connect(ctx, c.URL("postgres")); err == nil {
+			t.Fatalf("stop %d: server still accepts connections", i)
+		}
+		if err := c.Start(); err != nil {
+			t.Fatalf("start after stop %d: %v", i, err)
+		}
+		if c.Port() != port {
+			t.Fatalf("port changed across restart: %d -> %d", port, c.Port())
+		}
+		if n := exec("SELECT count(*)::int FROM t"); n != 1 {
+			t.Fatalf("after stop %d: table has %d rows, want 1", i, n)
+		}
+	}
+	if err := c.Stop("bogus"); err == nil {
+		t.Fatal("Stop accepted an unknown mode")
+	}
+}
