@@ -38,18 +38,25 @@ CREATE FUNCTION pgfence.lock_key(name text) RETURNS bigint
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN ('x' || encode(substring(sha256(convert_to(name, 'UTF8')) FROM 1 FOR 8), 'hex'))::bit(64)::bigint;
 
--- fence_guard is the row trigger that pgfence.protect installs. A writer
+-- fence_guard is the trigger that pgfence.protect installs. A writer
 -- declares its token for the transaction with
 --     SELECT set_config('pgfence.fence', '<fence>', true),
 --            set_config('pgfence.lease', '<lease name>', true);
--- (fencing.Begin / fencing.InTx do this). The guard
---   (a) rejects a write that declares no token,
+-- (fencing.Begin / fencing.InTx do this). On INSERT, UPDATE and DELETE of a
+-- protected row the guard
+--   (a) rejects a write that declares no token (or a malformed one),
 --   (b) rejects a token lower than the fence stored in the row,
 --   (c) when the token names a lease, rejects it unless it is that lease's
---       current, unexpired fence, holding a share lock on the lease row so
---       a takeover cannot be granted until this transaction ends,
---   (d) stores the token's fence in the row.
+--       current, unexpired fence (database clock), holding a share lock on
+--       the lease row so that no takeover, renewal or release of that lease
+--       can commit until this transaction ends,
+--   (d) stores the token's fence in the row (INSERT, UPDATE).
+-- On TRUNCATE (a statement trigger: row triggers do not fire) it applies
+-- (a) and (c), and (b) against the highest fence in the table.
 -- Rejections raise SQLSTATE PF001 (stale token) or PF002 (no token).
+--
+-- The common column name "fence" is read and written directly; any other
+-- name goes through jsonb, which works for every table but costs more.
 CREATE FUNCTION pgfence.fence_guard() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -66,10 +73,26 @@ BEGIN
         RAISE EXCEPTION USING
             ERRCODE = 'PF002',
             MESSAGE = format('pgfence: write to %I.%I declares no fencing token', TG_TABLE_SCHEMA, TG_TABLE_NAME),
-            HINT    = 'write through fencing.Begin or fencing.InTx, or SET LOCAL pgfence.fence (and pgfence.lease) first';
+            HINT    = 'write through fencing.Begin or fencing.InTx, or SET LOCAL pgfence.fence (and pgfence.lease) first',
+            TABLE   = TG_TABLE_NAME,
+            SCHEMA  = TG_TABLE_SCHEMA;
+    END IF;
+    IF tok_text !~ '^[1-9][0-9]{0,18}$' OR length(tok_text) = 19 AND tok_text COLLATE "C" > '9223372036854775807' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PF002',
+            MESSAGE = format('pgfence: write to %I.%I declares a malformed fencing token %L', TG_TABLE_SCHEMA, TG_TABLE_NAME, tok_text),
+            HINT    = 'pgfence.fence must be a positive bigint in decimal',
+            TABLE   = TG_TABLE_NAME,
+            SCHEMA  = TG_TABLE_SCHEMA;
     END IF;
     tok := tok_text::bigint;
 
+    -- (c) The lease's current grant, share-locked until this transaction
+    -- ends. A takeover (INSERT ... ON CONFLICT DO UPDATE), renewal (UPDATE)
+    -- or release (UPDATE or DELETE) of the lease row needs a lock that
+    -- conflicts with FOR SHARE, so it waits for this transaction; if one
+    -- committed first, READ COMMITTED re-checks the new row version here
+    -- and the stale token is rejected.
     IF tok_lease IS NOT NULL AND tok_lease <> '' THEN
         SELECT l.fence INTO current
           FROM pgfence.leases AS l
@@ -86,33 +109,57 @@ BEGIN
         END IF;
     END IF;
 
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        stored := (to_jsonb(OLD) ->> col)::bigint;
-        IF stored IS NOT NULL AND tok < stored THEN
-            RAISE EXCEPTION USING
-                ERRCODE = 'PF001',
-                MESSAGE = format('pgfence: stale fencing token: fence %s is lower than the row''s fence %s', tok, stored),
-                TABLE   = TG_TABLE_NAME,
-                SCHEMA  = TG_TABLE_SCHEMA;
+    -- (b) Never go back below a fence already stored.
+    IF TG_OP = 'TRUNCATE' THEN
+        EXECUTE format('SELECT max(%I) FROM %I.%I', col, TG_TABLE_SCHEMA, TG_TABLE_NAME) INTO stored;
+    ELSIF TG_OP IN ('UPDATE', 'DELETE') THEN
+        IF col = 'fence' THEN
+            stored := OLD.fence;
+        ELSE
+            stored := (to_jsonb(OLD) ->> col)::bigint;
         END IF;
     END IF;
-
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
+    IF stored IS NOT NULL AND tok < stored THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PF001',
+            MESSAGE = format('pgfence: stale fencing token: fence %s is lower than the fence %s stored in %I.%I',
+                             tok, stored, TG_TABLE_SCHEMA, TG_TABLE_NAME),
+            TABLE   = TG_TABLE_NAME,
+            SCHEMA  = TG_TABLE_SCHEMA;
     END IF;
-    NEW := jsonb_populate_record(NEW, jsonb_build_object(col, tok));
+
+    -- (d) Record the fence that wrote the row.
+    IF TG_OP = 'TRUNCATE' THEN
+        RETURN NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    ELSIF col = 'fence' THEN
+        NEW.fence := tok;
+    ELSE
+        NEW := jsonb_populate_record(NEW, jsonb_build_object(col, tok));
+    END IF;
     RETURN NEW;
 END
 $$;
 
--- protect installs fence_guard on a table whose fence column is bigint.
+-- protect installs fence_guard on an ordinary or partitioned table whose
+-- fence column is bigint: a BEFORE row trigger for INSERT, UPDATE and DELETE
+-- (pgfence_guard) and a BEFORE statement trigger for TRUNCATE
+-- (pgfence_guard_truncate). Safe to repeat: it replaces both triggers.
 CREATE FUNCTION pgfence.protect(tbl regclass, fence_column name DEFAULT 'fence') RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    typ oid;
+    kind "char";
+    typ  oid;
 BEGIN
+    SELECT c.relkind INTO kind FROM pg_class AS c WHERE c.oid = tbl;
+    IF kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'wrong_object_type',
+            MESSAGE = format('pgfence.protect: %s is not a table', tbl);
+    END IF;
     SELECT a.atttypid INTO typ
       FROM pg_attribute AS a
      WHERE a.attrelid = tbl
@@ -128,11 +175,13 @@ BEGIN
     IF typ <> 'bigint'::regtype THEN
         RAISE EXCEPTION USING
             ERRCODE = 'datatype_mismatch',
-            MESSAGE = format('pgfence.protect: column %I of %s is %s, want bigint', fence_column, tbl, typ::regtype);
+            MESSAGE = format('pgfence.protect: column %I of %s is %s, want bigint', fence_column, tbl, typ::regtype),
+            HINT    = format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, fence_column);
     END IF;
-    EXECUTE format('DROP TRIGGER IF EXISTS pgfence_guard ON %s', tbl);
-    EXECUTE format('CREATE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
+    EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION pgfence.fence_guard(%L)', tbl, fence_column);
+    EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION pgfence.fence_guard(%L)', tbl, fence_column);
 END
 $$;
 

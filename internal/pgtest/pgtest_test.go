@@ -2,6 +2,9 @@ package pgtest_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,5 +118,33 @@ func TestClusterStopStartKill(t *testing.T) {
 	}
 	if err := c.Stop("bogus"); err == nil {
 		t.Fatal("Stop accepted an unknown mode")
+	}
+}
+
+// TestLocalBinariesFallback runs this package's tests again in a child
+// process without PGFENCE_TEST_DATABASE_URL: with no Docker engine here, the
+// child must provision a throwaway cluster from the local binaries (as root,
+// running it as an unprivileged user) and pass.
+func TestLocalBinariesFallback(t *testing.T) {
+	if os.Getenv("PGFENCE_TEST_CHILD") != "" {
+		t.Skip("already the child") // keeps the child from recursing; the parent's run counts
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestURLIsMigratedAndIsolated$", "-test.v")
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, pgtest.EnvURL+"=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "PGFENCE_TEST_CHILD=1", "DOCKER_HOST=unix:///nonexistent/docker.sock")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child without %s failed: %v\n%s", pgtest.EnvURL, err, out)
+	}
+	if !strings.Contains(string(out), "server: local binaries") {
+		t.Fatalf("child did not use the local binaries:\n%s", out)
 	}
 }

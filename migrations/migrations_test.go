@@ -1,0 +1,298 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+func TestMain(m *testing.M) {
+	// Helper process for TestUpConcurrentProcesses: wait for the go signal
+	// (stdin closed), then migrate.
+	if u := os.Getenv("PGFENCE_TEST_MIGRATE_UP"); u != "" {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		if err := migrations.Up(context.Background(), u); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	pgtest.Main(m)
+}
+
+func connect(t *testing.T, u string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	return conn
+}
+
+// objects lists every object of schema pgfence and every trigger that uses
+// pgfence.fence_guard, in a stable order, so that two states of a database
+// can be compared.
+func objects(t *testing.T, conn *pgx.Conn) []string {
+	t.Helper()
+	const q = `
+SELECT kind || ' ' || name FROM (
+  SELECT 'schema' AS kind, nspname::text AS name FROM pg_namespace WHERE nspname = 'pgfence'
+  UNION ALL
+  SELECT CASE c.relkind WHEN 'r' THEN 'table' WHEN 'S' THEN 'sequence' WHEN 'i' THEN 'index' WHEN 'v' THEN 'view' ELSE c.relkind::text END,
+         c.relname::text
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'pgfence'
+  UNION ALL
+  SELECT 'function', p.oid::regprocedure::text
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'pgfence'
+  UNION ALL
+  SELECT 'constraint', conname::text
+    FROM pg_constraint co JOIN pg_namespace n ON n.oid = co.connamespace WHERE n.nspname = 'pgfence'
+  UNION ALL
+  SELECT 'trigger', tgname || ' on ' || tgrelid::regclass::text
+    FROM pg_trigger WHERE tgfoid IN (SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'pgfence')
+) o ORDER BY 1`
+	rows, err := conn.Query(context.Background(), q)
+	if err != nil {
+		t.Fatalf("list objects: %v", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("list objects: %v", err)
+	}
+	return names
+}
+
+func TestUpDownUpRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.EmptyURL(t)
+	conn := connect(t, u)
+
+	// The application's own objects, one of them protected by pgfence.
+	if _, err := conn.Exec(ctx, `
+CREATE TABLE app_accounts (id int PRIMARY KEY, balance int, fence bigint NOT NULL DEFAULT 0);
+CREATE TABLE app_plain (id int PRIMARY KEY);
+INSERT INTO app_accounts VALUES (1, 100, 0);
+INSERT INTO app_plain VALUES (1);
+CREATE SCHEMA app_schema;`); err != nil {
+		t.Fatal(err)
+	}
+	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != 0 || dirty {
+		t.Fatalf("Version before up = %d, %v, %v; want 0, false, nil", v, dirty, err)
+	}
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	once := objects(t, conn)
+	if len(once) == 0 {
+		t.Fatal("Up created nothing")
+	}
+	if _, err := conn.Exec(ctx, "SELECT pgfence.protect('app_accounts')"); err != nil {
+		t.Fatalf("protect: %v", err)
+	}
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("second Up (no change) returned %v, want nil", err)
+	}
+	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != 1 || dirty {
+		t.Fatalf("Version after up = %d, %v, %v; want 1, false, nil", v, dirty, err)
+	}
+
+	if err := migrations.Down(ctx, u); err != nil {
+		t.Fatalf("Down: %v", err)
+	}
+	if left := objects(t, conn); len(left) != 0 {
+		t.Fatalf("Down left pgfence objects behind: %v", left)
+	}
+	var accounts, plain int
+	var schemaExists bool
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM app_accounts), (SELECT count(*) FROM app_plain),
+		EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'app_schema')`).Scan(&accounts, &plain, &schemaExists); err != nil {
+		t.Fatalf("application objects after Down: %v", err)
+	}
+	if accounts != 1 || plain != 1 || !schemaExists {
+		t.Fatalf("Down touched the application: accounts=%d plain=%d app_schema=%v", accounts, plain, schemaExists)
+	}
+	// The unprotected table accepts token-less writes again.
+	if _, err := conn.Exec(ctx, "UPDATE app_accounts SET balance = 0"); err != nil {
+		t.Fatalf("write after Down: %v", err)
+	}
+
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("Up after Down: %v", err)
+	}
+	if again := objects(t, conn); !reflect.DeepEqual(once, again) {
+		t.Fatalf("up→down→up objects differ from one up:\n once: %v\nagain: %v", once, again)
+	}
+}
+
+func TestDownRefusesToDropApplicationDependents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.URL(t)
+	conn := connect(t, u)
+	if _, err := conn.Exec(ctx, "CREATE VIEW app_leases AS SELECT name FROM pgfence.leases"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Down(ctx, u); err == nil {
+		t.Fatal("Down dropped pgfence although an application view depends on it")
+	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM app_leases").Scan(&n); err != nil {
+		t.Fatalf("application view gone after a refused Down: %v", err)
+	}
+}
+
+func TestUpConcurrentProcesses(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptyURL(t)
+	const procs = 5
+	cmds := make([]*exec.Cmd, procs)
+	gates := make([]io.WriteCloser, procs)
+	outs := make([]*strings.Builder, procs)
+	for i := range cmds {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "PGFENCE_TEST_MIGRATE_UP="+u)
+		outs[i] = &strings.Builder{}
+		cmd.Stdout, cmd.Stderr = outs[i], outs[i]
+		gate, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[i], gates[i] = cmd, gate
+	}
+	for _, g := range gates { // all processes are running: let them go at once
+		g.Close()
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("process %d: %v\n%s", i, err, outs[i])
+		}
+	}
+	conn := connect(t, u)
+	var rows, version int
+	if err := conn.QueryRow(context.Background(),
+		"SELECT count(*), max(version) FROM "+pgx.Identifier{migrations.Table}.Sanitize()).Scan(&rows, &version); err != nil {
+		t.Fatalf("read bookkeeping table: %v", err)
+	}
+	if rows != 1 || version != 1 {
+		t.Fatalf("bookkeeping table has %d rows, version %d; want 1 row, version 1", rows, version)
+	}
+	if got := objects(t, conn); !containsAll(got, "schema pgfence", "table leases", "sequence fence_seq", "function pgfence.lock_key(text)") {
+		t.Fatalf("schema not applied: %v", got)
+	}
+}
+
+func containsAll(have []string, want ...string) bool {
+	set := map[string]bool{}
+	for _, h := range have {
+		set[h] = true
+	}
+	for _, w := range want {
+		if !set[w] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestBadURL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	if err := migrations.Up(ctx, "postgres://%zz"); err == nil || !strings.Contains(err.Error(), "parse database URL") {
+		t.Fatalf("Up with a malformed URL: %v", err)
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := migrations.Up(canceled, pgtest.EmptyURL(t)); err == nil {
+		t.Fatal("Up with a cancelled context succeeded")
+	}
+}
+
+// TestUpstreamCLI proves that the plain migrations/ folder works with the
+// upstream golang-migrate CLI (built from the module proxy at the version in
+// go.mod) and that the CLI and this package agree on the bookkeeping.
+func TestUpstreamCLI(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ver, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Version}}", "github.com/golang-migrate/migrate/v4").Output()
+	if err != nil {
+		t.Fatalf("find golang-migrate's version in go.mod: %v", err)
+	}
+	bin := t.TempDir()
+	install := exec.CommandContext(ctx, "go", "install", "-tags", "pgx5",
+		"github.com/golang-migrate/migrate/v4/cmd/migrate@"+strings.TrimSpace(string(ver)))
+	install.Env = append(os.Environ(), "GOBIN="+bin, "GOFLAGS=-mod=mod")
+	install.Dir = bin
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("build the upstream migrate CLI: %v\n%s", err, out)
+	}
+
+	u := pgtest.EmptyURL(t)
+	if !strings.HasPrefix(u, "postgres://") {
+		t.Fatalf("need a URL-form database URL for the CLI, got %q", u)
+	}
+	cliURL := "pgx5://" + strings.TrimPrefix(u, "postgres://")
+	if strings.Contains(cliURL, "?") {
+		cliURL += "&"
+	} else {
+		cliURL += "?"
+	}
+	cliURL += "x-migrations-table=" + migrations.Table
+	cli := func(args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "migrate"), append([]string{"-path", ".", "-database", cliURL}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("migrate %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+
+	cli("up")
+	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != 1 || dirty {
+		t.Fatalf("after CLI up, Version = %d, %v, %v; want 1, false, nil", v, dirty, err)
+	}
+	conn := connect(t, u)
+	var key int64
+	if err := conn.QueryRow(ctx, "SELECT pgfence.lock_key('billing')").Scan(&key); err != nil {
+		t.Fatalf("schema from the CLI is unusable: %v", err)
+	}
+	if out := cli("version"); strings.TrimSpace(out) != "1" {
+		t.Fatalf("CLI version printed %q, want 1", out)
+	}
+	// The default bookkeeping table is untouched: the application's own
+	// golang-migrate history cannot collide with ours.
+	var defaultTable bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('schema_migrations') IS NOT NULL").Scan(&defaultTable); err != nil {
+		t.Fatal(err)
+	}
+	if defaultTable {
+		t.Fatal("the CLI created schema_migrations; x-migrations-table was ignored")
+	}
+	if err := migrations.Down(ctx, u); err != nil {
+		t.Fatalf("Down after CLI up: %v", err)
+	}
+	cli("up")
+	cli("down", "-all")
+	if left := objects(t, conn); len(left) != 0 {
+		t.Fatalf("CLI down -all left %v", left)
+	}
+}
