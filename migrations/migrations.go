@@ -134,4 +134,3 @@ func withMigrate(ctx context.Context, databaseURL string, fn func(*migrate.Migra
 	srcErr, dbErr := m.Close()
 	return errors.Join(err, srcErr, dbErr)
 }
-
