@@ -222,9 +222,24 @@ func (c *Cluster) Kill() error {
 	if c.cmd == nil {
 		return errors.New("pgtest: cluster is not running")
 	}
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	pgid := c.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-c.exit
 	c.cmd, c.exit = nil, nil
+	return waitGroupGone(pgid)
+}
+
+// waitGroupGone waits until no process of process group pgid is left: a
+// killed backend that has not yet exited still holds the shared memory
+// segment, and the next start would refuse to run.
+func waitGroupGone(pgid int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(-pgid, 0) == nil {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgtest: processes of group %d still alive 10s after SIGKILL", pgid)
+		}
+		time.Sleep(5 * time.Millisecond) // polling the kernel: there is no event to wait on
+	}
 	return nil
 }
 
@@ -243,8 +258,10 @@ func (c *Cluster) stopLocked(sig syscall.Signal) {
 	<-c.exit
 	// Backends of an immediate shutdown exit on their own; make sure none
 	// survives to hold the shared memory segment.
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	pgid := c.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	c.cmd, c.exit = nil, nil
+	_ = waitGroupGone(pgid)
 }
 
 func (c *Cluster) destroy() error {
