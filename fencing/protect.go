@@ -1,0 +1,102 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// maxIdentifier is PostgreSQL's longest identifier in bytes (NAMEDATALEN-1).
+// Longer names are silently truncated by the server, which could make a
+// name address a different table, so they are refused instead.
+const maxIdentifier = 63
+
+// ErrInvalidTable is returned (wrapped, with the reason) by Protect and
+// ProtectIdentifier for a table name they refuse before asking the
+// database: empty, with an empty part, with more than one dot, or with a
+// part longer than 63 bytes.
+var ErrInvalidTable = errors.New("fencing: invalid table name")
+
+// Protect installs the fence guard on table, which must be an ordinary or
+// partitioned table with a column named fence of type bigint
+// (e.g. `fence bigint NOT NULL DEFAULT 0`). From then on every INSERT,
+// UPDATE, DELETE (row trigger pgfence_guard) and TRUNCATE (statement
+// trigger pgfence_guard_truncate) of the table must declare a token that is
+// not stale; see the package documentation for the rules.
+//
+// table is "table" or "schema.table", taken literally, not as SQL: each part
+// is the exact, case-sensitive name ("Mixed Case" names the table created as
+// "Mixed Case", orders does not name one created as Orders without quotes
+// — that one is orders). An unqualified name is resolved with the
+// connection's search_path. Quotes and other characters need no escaping;
+// the name is quoted with pgx.Identifier and sent as a parameter, never
+// spliced into SQL. For a name that itself contains a dot, use
+// ProtectIdentifier.
+//
+// Errors: ErrInvalidTable for a malformed name (nothing is sent); otherwise
+// the database's error, wrapped: SQLSTATE 42P01 (no such table), 3F000 (no
+// such schema), 42703 (no fence column), 42804 (fence is not bigint), 42809
+// (not a table), 42501 (not the table's owner), 42883 (pgfence's schema is
+// not installed: run `pgfence migrate up`). On error nothing changed.
+//
+// Protect is safe to repeat: it replaces the triggers. It needs a role that
+// owns the table; ctx bounds the single statement it runs.
+func Protect(ctx context.Context, db DB, table string) error {
+	id, err := splitTable(table)
+	if err != nil {
+		return fmt.Errorf("fencing: protect: %w", err)
+	}
+	return ProtectIdentifier(ctx, db, id)
+}
+
+// ProtectIdentifier is Protect for a table named by its parts:
+// pgx.Identifier{"table"} or pgx.Identifier{"schema", "table"}, each part
+// exact and case-sensitive. Use it for names that contain a dot.
+func ProtectIdentifier(ctx context.Context, db DB, table pgx.Identifier) error {
+	if isNil(db) {
+		return errors.New("fencing: protect: db is nil")
+	}
+	if err := checkIdentifier(table); err != nil {
+		return fmt.Errorf("fencing: protect: %w", err)
+	}
+	name := table.Sanitize()
+	if _, err := db.Exec(ctx, sqlProtect, name); err != nil {
+		if sqlState(err) == "42883" {
+			return fmt.Errorf("fencing: protect %s: %w (is pgfence installed? run `pgfence migrate up`)", name, err)
+		}
+		return fmt.Errorf("fencing: protect %s: %w", name, err)
+	}
+	return nil
+}
+
+// splitTable splits "schema.table" or "table" into an identifier.
+func splitTable(table string) (pgx.Identifier, error) {
+	if table == "" {
+		return nil, fmt.Errorf("%w: empty", ErrInvalidTable)
+	}
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("%w: %q has more than one dot: use ProtectIdentifier for names that contain dots", ErrInvalidTable, table)
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func checkIdentifier(id pgx.Identifier) error {
+	if len(id) < 1 || len(id) > 2 {
+		return fmt.Errorf("%w: want 1 or 2 parts (table or schema, table), got %d", ErrInvalidTable, len(id))
+	}
+	for _, p := range id {
+		switch {
+		case p == "":
+			return fmt.Errorf("%w: %q has an empty part", ErrInvalidTable, strings.Join(id, "."))
+		case len(p) > maxIdentifier:
+			return fmt.Errorf("%w: %q is %d bytes, PostgreSQL names are at most %d", ErrInvalidTable, p, len(p), maxIdentifier)
+		case strings.IndexByte(p, 0) >= 0:
+			return fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidTable, p)
+		}
+	}
+	return nil
+}

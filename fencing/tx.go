@@ -1,0 +1,120 @@
+package fencing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the package needs from a database handle: a way to begin a
+// transaction and to run a statement. *pgxpool.Pool, *pgx.Conn and pgx.Tx
+// all satisfy it.
+//
+// With a pgx.Tx, Begin opens a savepoint ("nested transaction") and the
+// token it declares stays declared until the outer transaction ends, even
+// after the savepoint is released: PostgreSQL scopes SET LOCAL to the
+// top-level transaction.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// rollbackTimeout bounds the ROLLBACK sent after a failure, which runs even
+// when the caller's context is already done.
+const rollbackTimeout = 5 * time.Second
+
+// Begin opens a transaction on db that declares tok: every write it makes to
+// a protected table is checked by the guard, and stamped with tok.Fence.
+// The caller must end the transaction with Commit or Rollback (Rollback is
+// safe to call after Commit, as with any pgx.Tx).
+//
+// The token is declared with set_config(…, is_local => true), so it lasts
+// exactly as long as the transaction and never leaks to the next user of a
+// pooled connection. Declaring a token costs one round trip.
+//
+// Begin validates tok first (ErrInvalidToken) and sends nothing if it is
+// invalid; it does not check staleness — the guard does, on each write, so
+// a rejected statement returns the guard's *pgconn.PgError: test it with
+// IsStale, or use InTx, which maps it to ErrStale. ctx bounds BEGIN and the
+// declaration; after that, ctx is whatever the caller passes to the
+// transaction's methods. If declaring fails, the transaction is rolled back
+// and Begin returns the error.
+func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
+	if isNil(db) {
+		return nil, errors.New("fencing: begin: db is nil")
+	}
+	if err := tok.Validate(); err != nil {
+		return nil, fmt.Errorf("fencing: begin: %w", err)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("fencing: begin: %w", err)
+	}
+	if _, err := tx.Exec(ctx, sqlDeclareToken, strconv.FormatInt(tok.Fence, 10), tok.Lease); err != nil {
+		rollback(ctx, tx)
+		return nil, fmt.Errorf("fencing: declare token %v: %w", tok, err)
+	}
+	return tx, nil
+}
+
+// InTx runs fn in a transaction on db that declares tok (see Begin), and
+// commits if fn returns nil. If fn returns an error or panics, the
+// transaction is rolled back (and the panic continues).
+//
+// A write the guard rejects as stale makes InTx return an error that
+// satisfies errors.Is(err, ErrStale) — a *StaleError wrapping the error fn
+// or COMMIT returned — whether fn returned the statement's error as is or
+// wrapped. A write that declares no token maps to ErrNoToken. Any other
+// error from fn is returned unchanged; errors from BEGIN and COMMIT are
+// wrapped with context. Once InTx returns ErrStale, the holder is stale:
+// retrying with the same token cannot succeed.
+//
+// ctx bounds the whole transaction: fn should pass it to the statements it
+// runs on tx. Cancelling ctx aborts the transaction. InTx is safe to call
+// concurrently; each call has its own transaction.
+func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err error) {
+	if fn == nil {
+		return errors.New("fencing: in tx: fn is nil")
+	}
+	tx, err := Begin(ctx, db, tok)
+	if err != nil {
+		return err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			rollback(ctx, tx)
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return classify(tok, err)
+	}
+	committed = true
+	if err := tx.Commit(ctx); err != nil {
+		return classify(tok, fmt.Errorf("fencing: commit: %w", err))
+	}
+	return nil
+}
+
+// rollback ends tx after a failure, even if ctx is done.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(ctx) // the failure being reported matters more
+}
+
+// isNil reports whether db is nil or a typed nil pointer (a nil *pgxpool.Pool
+// would otherwise panic inside pgx).
+func isNil(db DB) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
