@@ -134,3 +134,19 @@ func withMigrate(ctx context.Context, databaseURL string, fn func(*migrate.Migra
 	srcErr, dbErr := m.Close()
 	return errors.Join(err, srcErr, dbErr)
 }
+
+// Latest is the version Up migrates to: the highest version in FS.
+func Latest() (uint, error) {
+	entries, err := FS.ReadDir(".")
+	if err != nil {
+		return 0, fmt.Errorf("migrations: read embedded files: %w", err)
+	}
+	var latest uint
+	for _, e := range entries {
+		var v uint
+		if _, err := fmt.Sscanf(e.Name(), "%d_", &v); err == nil && v > latest {
+			latest = v
+		}
+	}
+	return latest, nil
+}

@@ -107,8 +107,8 @@ CREATE SCHEMA app_schema;`); err != nil {
 	if err := migrations.Up(ctx, u); err != nil {
 		t.Fatalf("second Up (no change) returned %v, want nil", err)
 	}
-	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != 1 || dirty {
-		t.Fatalf("Version after up = %d, %v, %v; want 1, false, nil", v, dirty, err)
+	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != latest(t) || dirty {
+		t.Fatalf("Version after up = %d, %v, %v; want %d, false, nil", v, dirty, err, latest(t))
 	}
 
 	if err := migrations.Down(ctx, u); err != nil {
@@ -191,12 +191,21 @@ func TestUpConcurrentProcesses(t *testing.T) {
 		"SELECT count(*), max(version) FROM "+pgx.Identifier{migrations.Table}.Sanitize()).Scan(&rows, &version); err != nil {
 		t.Fatalf("read bookkeeping table: %v", err)
 	}
-	if rows != 1 || version != 1 {
-		t.Fatalf("bookkeeping table has %d rows, version %d; want 1 row, version 1", rows, version)
+	if rows != 1 || uint(version) != latest(t) {
+		t.Fatalf("bookkeeping table has %d rows, version %d; want 1 row, version %d", rows, version, latest(t))
 	}
-	if got := objects(t, conn); !containsAll(got, "schema pgfence", "table leases", "sequence fence_seq", "function pgfence.lock_key(text)") {
+	if got := objects(t, conn); !containsAll(got, "schema pgfence", "table leases", "sequence fence_seq", "function pgfence.lock_key(text)", "view lease_status") {
 		t.Fatalf("schema not applied: %v", got)
 	}
+}
+
+func latest(t *testing.T) uint {
+	t.Helper()
+	v, err := migrations.Latest()
+	if err != nil || v < 2 {
+		t.Fatalf("Latest() = %d, %v; want at least 2", v, err)
+	}
+	return v
 }
 
 func containsAll(have []string, want ...string) bool {
@@ -267,16 +276,16 @@ func TestUpstreamCLI(t *testing.T) {
 	}
 
 	cli("up")
-	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != 1 || dirty {
-		t.Fatalf("after CLI up, Version = %d, %v, %v; want 1, false, nil", v, dirty, err)
+	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != latest(t) || dirty {
+		t.Fatalf("after CLI up, Version = %d, %v, %v; want %d, false, nil", v, dirty, err, latest(t))
 	}
 	conn := connect(t, u)
 	var key int64
 	if err := conn.QueryRow(ctx, "SELECT pgfence.lock_key('billing')").Scan(&key); err != nil {
 		t.Fatalf("schema from the CLI is unusable: %v", err)
 	}
-	if out := cli("version"); strings.TrimSpace(out) != "1" {
-		t.Fatalf("CLI version printed %q, want 1", out)
+	if out := cli("version"); strings.TrimSpace(out) != fmt.Sprint(latest(t)) {
+		t.Fatalf("CLI version printed %q, want %d", out, latest(t))
 	}
 	// The default bookkeeping table is untouched: the application's own
 	// golang-migrate history cannot collide with ours.
@@ -294,5 +303,49 @@ func TestUpstreamCLI(t *testing.T) {
 	cli("down", "-all")
 	if left := objects(t, conn); len(left) != 0 {
 		t.Fatalf("CLI down -all left %v", left)
+	}
+}
+
+// TestLeaseStatusView checks the operator's view against real rows, judged
+// by the database clock.
+func TestLeaseStatusView(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn := connect(t, pgtest.URL(t))
+	if _, err := conn.Exec(ctx, `
+INSERT INTO pgfence.leases (name, owner, fence, acquired_at, renewed_at, expires_at) VALUES
+  ('live',    'a', nextval('pgfence.fence_seq'), clock_timestamp() - interval '90 seconds', clock_timestamp(), clock_timestamp() + interval '30 seconds'),
+  ('expired', 'b', nextval('pgfence.fence_seq'), clock_timestamp() - interval '10 minutes', clock_timestamp() - interval '5 minutes', clock_timestamp() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Name, Owner        string
+		Fence              int64
+		HeldFor, ExpiresIn time.Duration
+		Expired            bool
+	}
+	rows, err := conn.Query(ctx, "SELECT name, owner, fence, held_for, expires_in, expired FROM pgfence.lease_status ORDER BY name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("view has %d rows, want 2: %+v", len(got), got)
+	}
+	exp, live := got[0], got[1]
+	// Bounds are generous: a slow CI machine may take seconds between the
+	// INSERT and the SELECT.
+	if live.Name != "live" || live.Owner != "a" || live.Expired || live.HeldFor < 90*time.Second || live.HeldFor > 150*time.Second ||
+		live.ExpiresIn <= 0 || live.ExpiresIn > 30*time.Second {
+		t.Errorf("live lease row wrong: %+v", live)
+	}
+	if exp.Name != "expired" || !exp.Expired || exp.ExpiresIn >= -time.Minute+time.Second || exp.HeldFor < 10*time.Minute {
+		t.Errorf("expired lease row wrong: %+v", exp)
+	}
+	if live.Fence <= 0 || exp.Fence <= 0 || live.Fence == exp.Fence {
+		t.Errorf("fences not from the sequence: %d, %d", live.Fence, exp.Fence)
 	}
 }

@@ -1,0 +1,3 @@
+BEGIN;
+DROP VIEW pgfence.lease_status;
+COMMIT;
