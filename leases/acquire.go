@@ -1,0 +1,254 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Waiting acquirers of one name in one Client form a queue. Only the head
+// talks to PostgreSQL; the others wait until the head obtains the lease or
+// gives up, so that a release costs one attempt per Client, not one per
+// waiter. The head attempts, and when the lease is held sleeps until a
+// notification for the name, a local release, the holder's expiry by the
+// database clock, or a jittered poll.
+
+type queue struct {
+	waiters []*waiter // waiters[0] is the head
+}
+
+type waiter struct {
+	wake chan struct{} // buffered 1; sent without blocking
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// enqueue adds a waiter for name; the head is signalled at once.
+func (c *Client) enqueue(name string) *waiter {
+	w := &waiter{wake: make(chan struct{}, 1)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.queues[name]
+	if q == nil {
+		q = &queue{}
+		c.queues[name] = q
+	}
+	q.waiters = append(q.waiters, w)
+	if len(q.waiters) == 1 {
+		signal(w.wake)
+	}
+	return w
+}
+
+// dequeue removes w; if w was the head, the next waiter becomes head and is
+// signalled.
+func (c *Client) dequeue(name string, w *waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.queues[name]
+	if q == nil {
+		return
+	}
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			if i == 0 && len(q.waiters) > 0 {
+				signal(q.waiters[0].wake)
+			}
+			break
+		}
+	}
+	if len(q.waiters) == 0 {
+		delete(c.queues, name)
+	}
+}
+
+// wakeQueue signals the head waiter of name, if any.
+func (c *Client) wakeQueue(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q := c.queues[name]; q != nil && len(q.waiters) > 0 {
+		signal(q.waiters[0].wake)
+	}
+}
+
+// Acquire takes the named lease for ttl, waiting while another owner holds
+// it. It returns when the lease is granted, when ctx ends (ctx's error), on
+// a database error, or with ErrClosed when the client closes. ctx bounds
+// only the waiting: the lease's own lifetime is its Context. A waiter wakes
+// on a release notification (within a round trip), on a release by this
+// client, when the holder's grant expires by the database clock, and on a
+// jittered poll (see WithPollInterval). Bad input (name, ttl < MinTTL)
+// returns an error naming the setting and writes nothing.
+func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := validate(name, ttl); err != nil {
+		return nil, err
+	}
+	if err := c.usable(ctx); err != nil {
+		return nil, err
+	}
+	w := c.enqueue(name)
+	defer c.dequeue(name, w)
+	// Become head.
+	select {
+	case <-w.wake:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
+	case <-c.done:
+		return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for attempt := 0; ; attempt++ {
+		l, holder, remaining, err := c.grant(ctx, name, ttl)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
+			}
+			return nil, err
+		}
+		if l != nil {
+			return l, nil
+		}
+		c.startListener()
+		delay := c.pollDelay(attempt, remaining)
+		c.log.Debug("leases: waiting", "lease", name, "holder", holder.Owner, "fence", holder.Fence, "poll", delay)
+		if c.cfg.onWait != nil {
+			c.cfg.onWait(name)
+		}
+		timer.Reset(delay)
+		select {
+		case <-w.wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
+		case <-c.done:
+			return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
+		}
+	}
+}
+
+// TryAcquire takes the named lease for ttl if nobody holds it, in one
+// statement. If another owner holds it, it returns a *HeldError (matching
+// ErrHeld) naming the holder. ctx bounds the statement only. Bad input
+// returns an error naming the setting and writes nothing.
+func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := validate(name, ttl); err != nil {
+		return nil, err
+	}
+	if err := c.usable(ctx); err != nil {
+		return nil, err
+	}
+	l, holder, _, err := c.grant(ctx, name, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if l == nil {
+		return nil, &HeldError{Holder: holder}
+	}
+	return l, nil
+}
+
+func validate(name string, ttl time.Duration) error {
+	if err := validateName(name); err != nil {
+		return err
+	}
+	return validateTTL(ttl)
+}
+
+func (c *Client) usable(ctx context.Context) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("leases: %w", context.Cause(ctx))
+	}
+	return nil
+}
+
+// grant runs one acquire attempt. It returns the lease if granted, or else
+// the holder and the time until the holder's grant expires (server clock).
+func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Lease, Info, time.Duration, error) {
+	owner := c.newOwner()
+	for range 3 {
+		start := time.Now()
+		info := Info{Name: name}
+		var granted bool
+		var remainingUS int64
+		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds()).Scan(&granted,
+			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
+		if errors.Is(err, errNoRows) {
+			// The holder committed after this statement's snapshot was
+			// taken (or released just now): look again.
+			continue
+		}
+		if err != nil {
+			return nil, Info{}, 0, dbError(fmt.Sprintf("acquire %q", name), err)
+		}
+		remaining := time.Duration(remainingUS) * time.Microsecond
+		if !granted {
+			return nil, info, remaining, nil
+		}
+		l := c.newLease(info, ttl)
+		if err := c.register(l, start); err != nil {
+			l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			defer cancel()
+			_ = c.releaseBatch(rctx, []*Lease{l})
+			return nil, Info{}, 0, fmt.Errorf("leases: acquire %q: %w", name, err)
+		}
+		c.log.Debug("leases: acquired", "lease", name, "owner", owner, "fence", info.Fence)
+		return l, info, remaining, nil
+	}
+	// Three snapshots in a row missed a holder that keeps changing; report
+	// it as held, with a short retry.
+	return nil, Info{Name: name}, 0, nil
+}
+
+func (c *Client) newLease(info Info, ttl time.Duration) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Lease{
+		c:          c,
+		name:       info.Name,
+		owner:      info.Owner,
+		fence:      info.Fence,
+		ttl:        ttl,
+		ctx:        ctx,
+		cancel:     cancel,
+		acquiredAt: info.AcquiredAt,
+		expiresAt:  info.ExpiresAt,
+	}
+}
+
+// pollDelay is how long a waiting head sleeps without a wake-up: until
+// just after the holder's expiry (server clock), but no longer than the
+// poll interval — or, while no listener is active, a backoff from 50ms up
+// to the poll interval. Jittered so that clients do not poll in step.
+func (c *Client) pollDelay(attempt int, remaining time.Duration) time.Duration {
+	c.mu.Lock()
+	listening := c.listenOK
+	c.mu.Unlock()
+	d := c.cfg.pollInterval
+	if !listening {
+		d = min(d, 50*time.Millisecond<<min(attempt, 16))
+	}
+	d = jitter(d)
+	// Wake just after the holder's expiry; a few ms of jitter spreads
+	// clients.
+	return min(d, max(remaining, 0)+time.Millisecond+time.Duration(rand.Int64N(int64(10*time.Millisecond))))
+}
+
+// jitter returns a duration in [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}

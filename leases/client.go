@@ -1,0 +1,236 @@
+package leases
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var errNoRows = pgx.ErrNoRows
+
+// Client grants, renews and releases leases over a pool. One Client per
+// process is enough; it is safe for concurrent use. It runs one keepalive
+// goroutine (renewing all of its leases with one statement per tick) and,
+// once something waits or observes, one listener goroutine on a dedicated
+// connection. Close stops both.
+type Client struct {
+	pool *pgxpool.Pool
+	cfg  config
+	log  *slog.Logger
+
+	done     chan struct{}   // closed when Close begins
+	bg       context.Context // cancelled when Close begins
+	cancelBG context.CancelFunc
+	wg       sync.WaitGroup
+	kick     chan struct{} // wakes the keepalive; buffered 1
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu        sync.Mutex
+	closed    bool
+	held      map[*Lease]struct{} // renewed by the keepalive
+	nextDue   time.Time           // earliest nextRenew the keepalive sleeps towards
+	orphans   []*Lease            // lost at the local deadline; rows to delete
+	queues    map[string]*queue   // waiting acquirers per name
+	observers map[string]map[*observer]struct{}
+	listening bool          // listener goroutine started
+	listenOK  bool          // LISTEN is active right now
+	ready     chan struct{} // closed when LISTEN first succeeds (tests)
+}
+
+// New returns a Client over pool. It fails on a nil pool or an invalid
+// option; it does not touch the database (a missing schema is reported by
+// the first call that needs it, with a hint).
+func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
+	if pool == nil {
+		return nil, invalid("leases: pool must not be nil")
+	}
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalid("leases: option must not be nil")
+		}
+		if err := opt(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	bg, cancelBG := context.WithCancel(context.Background())
+	c := &Client{
+		bg:        bg,
+		cancelBG:  cancelBG,
+		pool:      pool,
+		cfg:       cfg,
+		log:       cfg.log,
+		done:      make(chan struct{}),
+		kick:      make(chan struct{}, 1),
+		held:      make(map[*Lease]struct{}),
+		queues:    make(map[string]*queue),
+		observers: make(map[string]map[*observer]struct{}),
+		ready:     make(chan struct{}),
+	}
+	c.wg.Add(1)
+	go c.keepalive()
+	return c, nil
+}
+
+// Close stops the client: waiting Acquire calls return ErrClosed, every
+// held lease is released (context cause wraps ErrReleased and ErrClosed,
+// then one statement deletes all of their rows, bounded by 5s; rows it
+// cannot delete expire after their TTL), observers' channels close, and
+// the keepalive and listener goroutines exit. Close blocks until they have.
+// It does not close the pool. Safe to call more than once and concurrently;
+// later calls wait for the first and return its result.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		close(c.done)
+		c.cancelBG()
+		held := make([]*Lease, 0, len(c.held))
+		for l := range c.held {
+			held = append(held, l)
+		}
+		cause := fmt.Errorf("%w: %w", ErrReleased, ErrClosed)
+		for _, l := range held {
+			l.state = stateReleasing
+			c.dropLocked(l)
+			l.cancel(cause)
+		}
+		held = append(held, c.orphans...)
+		c.orphans = nil
+		c.mu.Unlock()
+
+		// The keepalive stops renewing before the rows are deleted.
+		c.wg.Wait()
+		if len(held) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			defer cancel()
+			if err := c.releaseBatch(ctx, held); err != nil {
+				c.closeErr = fmt.Errorf("leases: close: release %d leases: %w", len(held), err)
+				return
+			}
+			c.mu.Lock()
+			for _, l := range held {
+				if l.state == stateReleasing {
+					l.state = stateReleased
+				}
+			}
+			c.mu.Unlock()
+		}
+	})
+	c.wg.Wait()
+	return c.closeErr
+}
+
+// Get returns the live grant of the named lease, or ErrNotHeld. ctx bounds
+// the query.
+func (c *Client) Get(ctx context.Context, name string) (Info, error) {
+	if err := validateName(name); err != nil {
+		return Info{}, err
+	}
+	info, _, err := c.get(ctx, name)
+	return info, err
+}
+
+func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, error) {
+	info := Info{Name: name}
+	var remainingUS int64
+	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
+		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
+	if errors.Is(err, errNoRows) {
+		return Info{Name: name}, 0, fmt.Errorf("leases: get %q: %w", name, ErrNotHeld)
+	}
+	if err != nil {
+		return Info{Name: name}, 0, dbError(fmt.Sprintf("get %q", name), err)
+	}
+	return info, time.Duration(remainingUS) * time.Microsecond, nil
+}
+
+// List returns every live grant (expires_at in the future by the database
+// clock), ordered by name. ctx bounds the query.
+func (c *Client) List(ctx context.Context) ([]Info, error) {
+	rows, err := c.pool.Query(ctx, sqlList)
+	if err != nil {
+		return nil, dbError("list", err)
+	}
+	infos, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Info, error) {
+		var i Info
+		err := row.Scan(&i.Name, &i.Owner, &i.Fence, &i.AcquiredAt, &i.RenewedAt, &i.ExpiresAt)
+		return i, err
+	})
+	if err != nil {
+		return nil, dbError("list", err)
+	}
+	return infos, nil
+}
+
+// ForceRelease is the operator's break-glass: it deletes the named lease's
+// grant, whoever holds it, and notifies waiters. The holder learns at its
+// next renewal (within TTL/3) that its grant is gone and cancels its
+// context; until then its fenced writes are already rejected. The next
+// grant takes a higher fence. Returns ErrNotHeld if there was no live
+// grant. ctx bounds the statement; safe to repeat.
+func (c *Client) ForceRelease(ctx context.Context, name string) error {
+	if err := validateName(name); err != nil {
+		return err
+	}
+	var live bool
+	err := c.pool.QueryRow(ctx, sqlForceRelease, name).Scan(new(string), &live)
+	if errors.Is(err, errNoRows) || err == nil && !live {
+		return fmt.Errorf("leases: force-release %q: %w", name, ErrNotHeld)
+	}
+	if err != nil {
+		return dbError(fmt.Sprintf("force-release %q", name), err)
+	}
+	c.log.Info("leases: force-released", "lease", name)
+	return nil
+}
+
+// newOwner returns the client's owner prefix with a fresh random suffix.
+func (c *Client) newOwner() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	return c.cfg.owner + "-" + hex.EncodeToString(b[:])
+}
+
+// releaseBatch deletes the given grants in one statement, notifying.
+func (c *Client) releaseBatch(ctx context.Context, ls []*Lease) error {
+	names := make([]string, len(ls))
+	owners := make([]string, len(ls))
+	fences := make([]int64, len(ls))
+	for i, l := range ls {
+		names[i], owners[i], fences[i] = l.name, l.owner, l.fence
+	}
+	if _, err := c.pool.Exec(ctx, sqlReleaseBatch, names, owners, fences); err != nil {
+		return dbError("release", err)
+	}
+	for _, l := range ls {
+		c.wakeQueue(l.name)
+	}
+	return nil
+}
+
+func (c *Client) setState(l *Lease, s leaseState) {
+	c.mu.Lock()
+	l.state = s
+	c.mu.Unlock()
+}
+
+// isClosed reports whether Close has begun.
+func (c *Client) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}

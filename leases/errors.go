@@ -1,0 +1,94 @@
+package leases
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var (
+	// ErrHeld is returned by TryAcquire when another owner holds the lease.
+	// The error is a *HeldError naming the holder; errors.Is(err, ErrHeld)
+	// and errors.As(err, &heldErr) both work.
+	ErrHeld = errors.New("leases: lease held by another owner")
+
+	// ErrLost is the cause of a lease's context when the lease is no longer
+	// (safely) held: a renewal matched no row (expired by the database clock,
+	// force-released or taken over), or the local deadline passed without a
+	// successful renewal. Run returns an error wrapping it when the lease was
+	// lost while fn ran.
+	ErrLost = errors.New("leases: lease lost")
+
+	// ErrReleased is the cause of a lease's context after Release (or after
+	// Close released it).
+	ErrReleased = errors.New("leases: lease released")
+
+	// ErrClosed is returned by a Client's methods after Close, and is part of
+	// the cause of the contexts of leases that Close released.
+	ErrClosed = errors.New("leases: client closed")
+
+	// ErrNotHeld is returned by Get and ForceRelease when nobody holds the
+	// lease (no row, or its expires_at has passed by the database clock).
+	ErrNotHeld = errors.New("leases: lease not held")
+)
+
+// HeldError is the error TryAcquire returns when another owner holds the
+// lease. It matches ErrHeld with errors.Is.
+type HeldError struct {
+	// Holder describes the current grant, as read in the same statement
+	// that failed to take the lease.
+	Holder Info
+}
+
+// Error names the lease, its holder and the holder's fence.
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("leases: lease %q held by %q (fence %d) until %s",
+		e.Holder.Name, e.Holder.Owner, e.Holder.Fence, e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano))
+}
+
+// Is reports whether target is ErrHeld.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// SQLSTATEs read from *pgconn.PgError.
+const (
+	sqlstateUndefinedTable     = "42P01"
+	sqlstateInvalidSchemaName  = "3F000"
+	sqlstateUndefinedFunction  = "42883"
+	sqlstateInsufficientPriv   = "42501"
+	schemaMissingHint          = "schema pgfence not found: run `pgfence migrate up`"
+	insufficientPrivilegesHint = "the role lacks privileges on schema pgfence: see the README's grants for an application role"
+)
+
+// dbError wraps an error from PostgreSQL with what the client was doing,
+// adding a hint when the likely cause is known.
+func dbError(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case sqlstateUndefinedTable, sqlstateInvalidSchemaName, sqlstateUndefinedFunction:
+			return fmt.Errorf("leases: %s: %s: %w", op, schemaMissingHint, err)
+		case sqlstateInsufficientPriv:
+			return fmt.Errorf("leases: %s: %s: %w", op, insufficientPrivilegesHint, err)
+		}
+	}
+	return fmt.Errorf("leases: %s: %w", op, err)
+}
+
+// permanent reports whether err will not go away by retrying: bad input, a
+// closed client, or a missing schema or privilege. Lead stops on these and
+// retries anything else.
+func permanent(err error) bool {
+	if errors.Is(err, errInvalid) || errors.Is(err, ErrClosed) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case sqlstateUndefinedTable, sqlstateInvalidSchemaName, sqlstateUndefinedFunction, sqlstateInsufficientPriv:
+			return true
+		}
+	}
+	return false
+}

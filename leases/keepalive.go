@@ -1,0 +1,254 @@
+package leases
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The keepalive is one goroutine per Client. It sleeps until the earliest
+// lease is due (its last request start + TTL/3), then renews every lease
+// due within the next TTL/12 with one statement, so leases coalesce into
+// few ticks however many there are. Each lease also has one timer, set to
+// its local deadline; if it fires before a renewal succeeds, the lease is
+// lost. Renewal failures other than "no row" are retried with a short
+// backoff until that timer fires.
+
+const (
+	retryMin = 25 * time.Millisecond
+	retryMax = time.Second
+)
+
+// register starts keeping l alive: l was granted by a request that began
+// at start. It fails with ErrClosed if Close has begun (the caller then
+// releases the grant).
+func (c *Client) register(l *Lease, start time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	l.deadline = start.Add(l.ttl - margin(l.ttl))
+	l.nextRenew = start.Add(l.ttl / 3)
+	l.timer = time.AfterFunc(time.Until(l.deadline), func() { c.onDeadline(l) })
+	c.held[l] = struct{}{}
+	if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
+		c.nextDue = l.nextRenew
+		c.kickKeepalive()
+	}
+	return nil
+}
+
+// renewedLocked records a successful renewal whose request began at start.
+// A renewal that arrives after the local deadline does not revive the lease.
+func (c *Client) renewedLocked(l *Lease, start time.Time, expiresAt time.Time) {
+	if l.state != stateHeld || !time.Now().Before(l.deadline) {
+		return
+	}
+	deadline := start.Add(l.ttl - margin(l.ttl))
+	if !deadline.After(l.deadline) {
+		return // an older request than the one already recorded
+	}
+	l.deadline = deadline
+	l.nextRenew = start.Add(l.ttl / 3)
+	l.expiresAt = expiresAt
+	l.timer.Reset(time.Until(deadline))
+}
+
+// dropLocked stops keeping l alive.
+func (c *Client) dropLocked(l *Lease) {
+	delete(c.held, l)
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+}
+
+// lose marks l lost with cause (which wraps ErrLost) and wakes local
+// waiters. orphan says the row may still be ours (lost at the local
+// deadline): the keepalive deletes it so that waiters need not wait for
+// the server's expiry.
+func (c *Client) lose(l *Lease, cause error, orphan bool) {
+	c.mu.Lock()
+	if l.state != stateHeld {
+		c.mu.Unlock()
+		return
+	}
+	l.state = stateLost
+	c.dropLocked(l)
+	l.cancel(cause)
+	if orphan && !c.cfg.noKeepalive && !c.closed {
+		c.orphans = append(c.orphans, l)
+		c.kickKeepalive()
+	}
+	c.mu.Unlock()
+	c.log.Warn("leases: lease lost", "lease", l.name, "fence", l.fence, "cause", cause)
+	c.wakeQueue(l.name)
+}
+
+// onDeadline runs when l's deadline timer fires.
+func (c *Client) onDeadline(l *Lease) {
+	c.mu.Lock()
+	stale := l.state != stateHeld || time.Now().Before(l.deadline)
+	c.mu.Unlock()
+	if stale {
+		return // renewed meanwhile (the timer was reset) or already gone
+	}
+	c.lose(l, fmt.Errorf("leases: lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
+		l.name, l.fence, l.ttl, margin(l.ttl), ErrLost), true)
+}
+
+func (c *Client) kickKeepalive() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// keepalive is the client's renewal goroutine.
+func (c *Client) keepalive() {
+	defer c.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	retry := retryMin
+	var retryAt time.Time
+	for {
+		c.mu.Lock()
+		wake := c.nextDue
+		if len(c.orphans) > 0 {
+			wake = time.Now()
+		}
+		c.mu.Unlock()
+		if wake.IsZero() {
+			wake = time.Now().Add(time.Hour)
+		}
+		if wake.Before(retryAt) {
+			wake = retryAt
+		}
+		timer.Reset(time.Until(wake))
+		select {
+		case <-c.done:
+			return
+		case <-c.kick:
+			continue
+		case <-timer.C:
+		}
+		if c.cfg.noKeepalive {
+			c.mu.Lock()
+			c.nextDue = time.Time{}
+			c.mu.Unlock()
+			continue
+		}
+		again := c.tick()
+		if again {
+			retryAt = time.Now().Add(jitter(retry))
+			retry = min(retry*2, retryMax)
+		} else {
+			retryAt = time.Time{}
+			retry = retryMin
+		}
+	}
+}
+
+// tick renews the due leases and deletes orphaned rows. It reports whether
+// something must be retried soon.
+func (c *Client) tick() (again bool) {
+	now := time.Now()
+	c.mu.Lock()
+	orphans := c.orphans
+	c.orphans = nil
+	var due []*Lease
+	var minTTL time.Duration
+	for l := range c.held {
+		if !l.nextRenew.After(now.Add(l.ttl / 12)) {
+			due = append(due, l)
+			if minTTL == 0 || l.ttl < minTTL {
+				minTTL = l.ttl
+			}
+		}
+	}
+	c.mu.Unlock()
+
+	if len(orphans) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		if err := c.releaseBatch(ctx, orphans); err != nil {
+			c.log.Warn("leases: delete rows of lost leases", "count", len(orphans), "err", err)
+		}
+		cancel()
+	}
+	if len(due) > 0 {
+		// Bounded so that a silent network cannot stall the next tick past
+		// the earliest deadline; those deadlines fire on their own anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), minTTL/3)
+		again = c.renewBatch(ctx, due)
+		cancel()
+	}
+
+	c.mu.Lock()
+	c.nextDue = time.Time{}
+	for l := range c.held {
+		if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
+			c.nextDue = l.nextRenew
+		}
+	}
+	c.mu.Unlock()
+	return again
+}
+
+// renewBatch renews ls in one statement. Leases the statement reports
+// gone are lost at once; busy ones, and all of them on an error, stay due.
+func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
+	names := make([]string, len(ls))
+	owners := make([]string, len(ls))
+	fences := make([]int64, len(ls))
+	ttls := make([]int64, len(ls))
+	byName := make(map[string]*Lease, len(ls))
+	for i, l := range ls {
+		names[i], owners[i], fences[i], ttls[i] = l.name, l.owner, l.fence, l.ttl.Microseconds()
+		byName[l.name] = l
+	}
+	reqStart := time.Now()
+	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
+	if err != nil {
+		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", err)
+		return true
+	}
+	type result struct {
+		l         *Lease
+		expiresAt *time.Time
+		busy      bool
+	}
+	results := make([]result, 0, len(ls))
+	for rows.Next() {
+		var name string
+		var r result
+		if err := rows.Scan(&name, &r.expiresAt, &r.busy); err != nil {
+			rows.Close()
+			c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", err)
+			return true
+		}
+		r.l = byName[name]
+		results = append(results, r)
+	}
+	if err := rows.Err(); err != nil {
+		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", dbError("renew", err))
+		return true
+	}
+	var lost []*Lease
+	c.mu.Lock()
+	for _, r := range results {
+		switch {
+		case r.l == nil:
+		case r.expiresAt != nil:
+			c.renewedLocked(r.l, reqStart, *r.expiresAt)
+		case r.busy:
+			again = true
+		default:
+			lost = append(lost, r.l)
+		}
+	}
+	c.mu.Unlock()
+	for _, l := range lost {
+		c.lose(l, fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
+	}
+	return again
+}

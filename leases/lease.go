@@ -1,0 +1,185 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence/fencing"
+)
+
+// Info describes a grant of a lease as stored in PostgreSQL. Times are the
+// database server's clock.
+type Info struct {
+	Name       string
+	Owner      string // owner prefix + "-" + per-grant random suffix
+	Fence      int64  // strictly increasing across grants of all leases
+	AcquiredAt time.Time
+	RenewedAt  time.Time
+	ExpiresAt  time.Time
+}
+
+// Lease is one grant of a named lease to this client. It stays held while
+// the client's keepalive renews it; its Context is cancelled the moment it
+// is no longer safely held. A Lease's methods are safe for concurrent use.
+type Lease struct {
+	c      *Client
+	name   string
+	owner  string
+	fence  int64
+	ttl    time.Duration
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	// Guarded by c.mu.
+	state      leaseState
+	acquiredAt time.Time // server clock
+	expiresAt  time.Time // server clock, as of the last grant/renew
+	deadline   time.Time // local, monotonic: last request start + ttl - margin
+	nextRenew  time.Time // local, monotonic: last request start + ttl/3
+	timer      *time.Timer
+}
+
+type leaseState uint8
+
+const (
+	stateHeld leaseState = iota
+	stateLost
+	stateReleasing // Release called: locally released, row not yet deleted
+	stateReleased  // row deleted (or found gone)
+)
+
+// Name returns the lease's name.
+func (l *Lease) Name() string { return l.name }
+
+// Owner returns the owner stored with this grant: the client's owner
+// prefix, "-", and a random suffix unique to this grant.
+func (l *Lease) Owner() string { return l.owner }
+
+// Fence returns this grant's fence. Every grant of any lease takes a higher
+// fence than all earlier grants. Pass it (see Token) with every write to a
+// protected resource, so that a stale holder's writes are rejected.
+func (l *Lease) Fence() int64 { return l.fence }
+
+// Token returns the fencing token of this grant, for fencing.Begin/InTx.
+func (l *Lease) Token() fencing.Token { return fencing.Token{Lease: l.name, Fence: l.fence} }
+
+// TTL returns the lease's time to live.
+func (l *Lease) TTL() time.Duration { return l.ttl }
+
+// ExpiresAt returns the server's expires_at as of the last successful grant
+// or renewal (database clock; do not compare it with the local clock).
+func (l *Lease) ExpiresAt() time.Time {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.expiresAt
+}
+
+// Context returns a context that is cancelled, with a cause, as soon as the
+// lease is not safely held: at the local deadline (start of the last
+// successful grant/renewal request + TTL − TTL/10, on the monotonic clock)
+// if no renewal succeeded by then, at once when a renewal finds the grant
+// gone, and on Release or Close. The cause (context.Cause) wraps ErrLost or
+// ErrReleased. Do the lease's work under this context and check it before
+// every externally visible effect; it is not derived from the context
+// passed to Acquire.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+// Done is closed when the lease is no longer safely held
+// (Context().Done()).
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held, then an error wrapping ErrLost
+// or ErrReleased (the cause of Context).
+func (l *Lease) Err() error {
+	if l.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(l.ctx)
+}
+
+// Renew renews the lease now, in addition to the automatic keepalive,
+// waiting for row locks as long as ctx allows. It returns nil on success,
+// an error wrapping ErrLost (and the lease is lost) if the grant is gone,
+// Err() if the lease is no longer held, and another error (the lease stays
+// held until its local deadline) if PostgreSQL could not be reached. Safe
+// to call concurrently with the keepalive and to repeat.
+func (l *Lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	start := time.Now()
+	var expiresAt time.Time
+	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
+	if errors.Is(err, errNoRows) {
+		lost := fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		l.c.lose(l, lost, false)
+		return lost
+	}
+	if err != nil {
+		return dbError(fmt.Sprintf("renew %q", l.name), err)
+	}
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	if l.state != stateHeld {
+		return context.Cause(l.ctx)
+	}
+	l.c.renewedLocked(l, start, expiresAt)
+	return nil
+}
+
+// Release gives the lease up: it cancels Context with cause ErrReleased
+// first, then deletes the grant and notifies waiters in one statement.
+// It returns nil when the grant was deleted while live, or when an earlier
+// Release already did; an error wrapping ErrLost when the lease had been
+// lost (its work may not have been exclusive); another error when
+// PostgreSQL could not be reached — the lease is released locally anyway
+// and its row expires after the TTL; calling Release again retries the
+// delete. ctx bounds the statement.
+func (l *Lease) Release(ctx context.Context) error {
+	c := l.c
+	c.mu.Lock()
+	wasHeld := l.state == stateHeld
+	switch l.state {
+	case stateReleased:
+		c.mu.Unlock()
+		return nil
+	case stateLost:
+		c.mu.Unlock()
+		// Delete the row anyway in case it is still ours (lost at the local
+		// deadline before the server's expiry): hand-over sooner.
+		_, _ = c.pool.Exec(ctx, sqlRelease, l.name, l.owner, l.fence)
+		return context.Cause(l.ctx)
+	case stateHeld:
+		l.state = stateReleasing
+		c.dropLocked(l)
+		l.cancel(ErrReleased)
+	}
+	c.mu.Unlock()
+	c.wakeQueue(l.name)
+
+	var live bool
+	err := c.pool.QueryRow(ctx, sqlRelease, l.name, l.owner, l.fence).Scan(new(string), &live)
+	switch {
+	case errors.Is(err, errNoRows) && !wasHeld:
+		// An earlier Release (or Close) that reported an error deleted it.
+		c.setState(l, stateReleased)
+		return nil
+	case errors.Is(err, errNoRows):
+		c.setState(l, stateReleased)
+		return fmt.Errorf("leases: release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
+	case err != nil:
+		return dbError(fmt.Sprintf("release %q", l.name), err)
+	}
+	c.setState(l, stateReleased)
+	if !live {
+		return fmt.Errorf("leases: release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
+	}
+	return nil
+}
+
+// String describes the grant for logs.
+func (l *Lease) String() string {
+	return fmt.Sprintf("lease %q fence %d owner %q", l.name, l.fence, l.owner)
+}

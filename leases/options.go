@@ -1,0 +1,123 @@
+package leases
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits and defaults.
+const (
+	// MinTTL is the shortest TTL a lease may have.
+	MinTTL = time.Second
+	// MaxNameLen is the longest lease name, in bytes (the schema's CHECK).
+	MaxNameLen = 200
+	// MaxOwnerLen is the longest owner prefix given to WithOwner, in bytes;
+	// the per-grant suffix keeps the stored owner within 200 bytes.
+	MaxOwnerLen = 100
+
+	// DefaultPollInterval is the default for WithPollInterval.
+	DefaultPollInterval = 2 * time.Second
+	minPollInterval     = 10 * time.Millisecond
+	maxPollInterval     = time.Hour
+
+	// releaseTimeout bounds the best-effort releases of Run, Lead and Close.
+	releaseTimeout = 5 * time.Second
+)
+
+// Option configures a Client. An invalid option makes New return an error.
+type Option func(*config) error
+
+type config struct {
+	owner        string
+	log          *slog.Logger
+	pollInterval time.Duration
+	notify       bool
+
+	// Test hooks (unexported options in the package's own tests).
+	noKeepalive bool              // simulate a frozen holder: no renewals, no orphan release
+	onWait      func(name string) // a waiting acquirer is about to sleep after a failed attempt
+}
+
+func defaultConfig() config {
+	return config{
+		owner:        defaultOwner(),
+		log:          slog.New(slog.DiscardHandler),
+		pollInterval: DefaultPollInterval,
+		notify:       true,
+	}
+}
+
+// WithOwner sets the owner prefix that identifies this client in the lease
+// table, in Get/List results and in HeldError. Every grant appends "-" and
+// 16 hex digits from crypto/rand, so owners are unique per grant even when
+// several clients share a prefix. Default: "<hostname>/<pid>". Valid: 1 to
+// MaxOwnerLen bytes of UTF-8 without NUL.
+func WithOwner(id string) Option {
+	return func(c *config) error {
+		if err := validateOwner(id); err != nil {
+			return err
+		}
+		c.owner = id
+		return nil
+	}
+}
+
+// WithLogger sets where the client logs renewal retries, losses and
+// listener trouble. Default: discard. Must not be nil.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return invalid("leases: logger must not be nil")
+		}
+		c.log = l
+		return nil
+	}
+}
+
+// WithPollInterval sets how often a waiting acquirer or an observer checks
+// the lease table when no notification arrives. Notifications make
+// hand-over as fast as a round trip; polling is the fallback (e.g. behind a
+// transaction-mode pooler where LISTEN does not work) and catches expiries.
+// A waiter also wakes when the holder's grant expires by the database clock.
+// Polls are jittered; without a working listener they back off from 50ms up
+// to this interval. Default DefaultPollInterval (2s); valid 10ms to 1h.
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) error {
+		if d < minPollInterval || d > maxPollInterval {
+			return invalid(fmt.Sprintf("leases: poll interval must be between %s and %s, got %s", minPollInterval, maxPollInterval, d))
+		}
+		c.pollInterval = d
+		return nil
+	}
+}
+
+// WithNotifications turns the LISTEN/NOTIFY listener on or off. When on
+// (the default), the client opens one dedicated connection, taken from the
+// pool and hijacked, the first time something waits or observes; releases
+// then wake waiters at once. Turn it off behind a transaction-mode pooler to
+// skip the failing LISTEN attempts; waiters then only poll. Releases still
+// send notifications either way.
+func WithNotifications(enabled bool) Option {
+	return func(c *config) error {
+		c.notify = enabled
+		return nil
+	}
+}
+
+// defaultOwner is "<hostname>/<pid>", cut to MaxOwnerLen bytes.
+func defaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	pid := "/" + strconv.Itoa(os.Getpid())
+	for len(host)+len(pid) > MaxOwnerLen || !utf8.ValidString(host) {
+		_, size := utf8.DecodeLastRuneInString(host)
+		host = host[:len(host)-size]
+	}
+	return host + pid
+}

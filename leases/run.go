@@ -1,0 +1,109 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Run acquires the named lease (waiting, like Acquire), runs fn with a
+// context that ends when ctx ends or the lease is no longer safely held
+// (whichever first; the cause says which), then releases the lease with
+// a 5s timeout that ignores ctx's cancellation. It returns Acquire's error,
+// or fn's error; if the lease was lost while fn ran, the returned error
+// wraps ErrLost (also when fn returned nil). fn must stop its work when its
+// context ends: after that, another owner may hold the lease.
+func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return invalid("leases: fn must not be nil")
+	}
+	l, err := c.Acquire(ctx, name, ttl)
+	if err != nil {
+		return err
+	}
+	return c.runHeld(ctx, l, fn)
+}
+
+// runHeld runs fn under l and releases l afterwards.
+func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	fnErr := fn(fctx, l)
+	stop()
+	cancel(nil)
+
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	relErr := l.Release(rctx)
+	rcancel()
+	switch {
+	case errors.Is(relErr, ErrLost):
+		if fnErr == nil || errors.Is(fnErr, ErrLost) {
+			if fnErr != nil {
+				return fnErr
+			}
+			return relErr
+		}
+		return fmt.Errorf("%w (and %w)", fnErr, relErr)
+	case relErr != nil:
+		c.log.Warn("leases: release after run failed; the row expires after its TTL", "lease", l.name, "fence", l.fence, "err", relErr)
+	}
+	return fnErr
+}
+
+// Lead is leader election on the named lease. It campaigns (Acquire),
+// runs fn while leader with a context that ends when leadership ends, and
+// when leadership is lost campaigns again — until ctx ends, when it
+// releases the lease if leader and returns nil. If fn returns while still
+// leader (nil or an error), Lead releases and returns fn's result. Database
+// errors while campaigning are logged and retried with backoff; bad input,
+// a missing schema or a closed client are returned. At most one fn runs at
+// a time per lease name across all clients (as judged by PostgreSQL), as
+// long as fn honours its context.
+func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+	if fn == nil {
+		return invalid("leases: fn must not be nil")
+	}
+	if err := validate(name, ttl); err != nil {
+		return err
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		l, err := c.Acquire(ctx, name, ttl)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case permanent(err):
+				return err
+			}
+			d := jitter(backoff)
+			backoff = min(backoff*2, c.cfg.pollInterval)
+			c.log.Warn("leases: campaign failed; retrying", "lease", name, "err", err, "retry", d)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-c.done:
+				t.Stop()
+				return ErrClosed
+			}
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		c.log.Info("leases: became leader", "lease", name, "owner", l.owner, "fence", l.fence)
+		err = c.runHeld(ctx, l, fn)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrLost):
+			c.log.Warn("leases: leadership lost; campaigning again", "lease", name, "fence", l.fence, "err", err)
+		case c.isClosed():
+			return ErrClosed
+		default:
+			return err
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package leases
+
+// All of the package's SQL. Every statement is parameterised, every time
+// comes from the database clock (clock_timestamp()), and TTLs travel as
+// bigint microseconds so that no client-side time arithmetic is involved.
+// Renewal and release name the exact grant — (name, owner, fence) — so a
+// stale holder can never touch a newer grant.
+
+// notifyChannel is the LISTEN/NOTIFY channel; the payload is the lease name.
+const notifyChannel = "pgfence_leases"
+
+// sqlGrant takes the lease if nobody holds it or the holder's grant has
+// expired by the database clock, in one statement. The first row says
+// whether it was granted and describes the grant, or else the holder
+// (read from the statement's snapshot: when the holder committed after the
+// snapshot there is no row at all, and the caller looks again).
+// remaining_us is the time to the described grant's expiry, server clock.
+//
+// nextval is evaluated even when the row conflicts and is not granted:
+// fences only need to increase, not to be dense.
+const sqlGrant = `
+WITH granted AS (
+    INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at)
+    VALUES ($1, $2, nextval('pgfence.fence_seq'), clock_timestamp(), clock_timestamp(),
+            clock_timestamp() + $3::bigint * interval '1 microsecond')
+    ON CONFLICT (name) DO UPDATE
+       SET owner       = EXCLUDED.owner,
+           fence       = EXCLUDED.fence,
+           acquired_at = clock_timestamp(),
+           renewed_at  = clock_timestamp(),
+           expires_at  = clock_timestamp() + $3::bigint * interval '1 microsecond',
+           metadata    = NULL
+     WHERE l.expires_at <= clock_timestamp()
+    RETURNING l.owner, l.fence, l.acquired_at, l.renewed_at, l.expires_at
+)
+SELECT true, g.owner, g.fence, g.acquired_at, g.renewed_at, g.expires_at,
+       (extract(epoch FROM g.expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM granted AS g
+UNION ALL
+SELECT false, h.owner, h.fence, h.acquired_at, h.renewed_at, h.expires_at,
+       (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM pgfence.leases AS h
+ WHERE h.name = $1 AND NOT EXISTS (SELECT FROM granted)`
+
+// sqlRenewBatch renews many grants in one statement (the keepalive's tick).
+// Rows locked by someone else — a fenced transaction of the holder holds a
+// share lock on its lease row, a contending acquirer locks it briefly — are
+// skipped rather than waited for, so one busy row cannot stall the renewal
+// of every other lease; they come back with busy = true and are retried
+// soon. A grant with expires_at NULL and busy false matched no live row: it
+// is lost.
+const sqlRenewBatch = `
+WITH v AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS v(name, owner, fence, ttl_us)
+), locked AS (
+    SELECT l.name, v.ttl_us
+      FROM pgfence.leases AS l
+      JOIN v ON l.name = v.name AND l.owner = v.owner AND l.fence = v.fence
+     WHERE l.expires_at > clock_timestamp()
+       FOR UPDATE OF l SKIP LOCKED
+), renewed AS (
+    UPDATE pgfence.leases AS l
+       SET renewed_at = clock_timestamp(),
+           expires_at = clock_timestamp() + k.ttl_us * interval '1 microsecond'
+      FROM locked AS k
+     WHERE l.name = k.name
+    RETURNING l.name, l.expires_at
+)
+SELECT v.name, r.expires_at,
+       r.name IS NULL AND EXISTS (
+           SELECT FROM pgfence.leases AS l
+            WHERE l.name = v.name AND l.owner = v.owner AND l.fence = v.fence
+              AND l.expires_at > clock_timestamp())
+  FROM v LEFT JOIN renewed AS r ON r.name = v.name`
+
+// sqlRenew renews one grant, waiting for row locks (Lease.Renew; the
+// caller's context bounds it). No row: the grant is lost.
+const sqlRenew = `
+UPDATE pgfence.leases
+   SET renewed_at = clock_timestamp(),
+       expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
+ WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
+RETURNING expires_at`
+
+// sqlRelease deletes one grant and notifies waiters in the same statement.
+// live is false when the row was there but had already expired.
+const sqlRelease = `
+WITH d AS (
+    DELETE FROM pgfence.leases
+     WHERE name = $1 AND owner = $2 AND fence = $3
+    RETURNING name, expires_at > clock_timestamp() AS live
+)
+SELECT pg_notify('` + notifyChannel + `', d.name), d.live FROM d`
+
+// sqlReleaseBatch deletes many grants and notifies for each (Close, and
+// grants the client stopped trusting at their local deadline).
+const sqlReleaseBatch = `
+WITH d AS (
+    DELETE FROM pgfence.leases AS l
+     USING unnest($1::text[], $2::text[], $3::bigint[]) AS v(name, owner, fence)
+     WHERE l.name = v.name AND l.owner = v.owner AND l.fence = v.fence
+    RETURNING l.name
+)
+SELECT pg_notify('` + notifyChannel + `', d.name) FROM d`
+
+// sqlForceRelease deletes whatever grant a lease has and notifies. The
+// holder's next renewal matches no row; the next grant takes a new fence.
+const sqlForceRelease = `
+WITH d AS (
+    DELETE FROM pgfence.leases WHERE name = $1
+    RETURNING name, expires_at > clock_timestamp() AS live
+)
+SELECT pg_notify('` + notifyChannel + `', d.name), d.live FROM d`
+
+// sqlGet reads a lease's live grant, with the time to its expiry.
+const sqlGet = `
+SELECT name, owner, fence, acquired_at, renewed_at, expires_at,
+       (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM pgfence.leases
+ WHERE name = $1 AND expires_at > clock_timestamp()`
+
+// sqlList reads every live grant.
+const sqlList = `
+SELECT name, owner, fence, acquired_at, renewed_at, expires_at
+  FROM pgfence.leases
+ WHERE expires_at > clock_timestamp()
+ ORDER BY name`
+
+// sqlListen subscribes the listener connection.
+const sqlListen = `LISTEN ` + notifyChannel
