@@ -38,9 +38,9 @@ var ErrInvalidTable = errors.New("fencing: invalid table name")
 //
 // Errors: ErrInvalidTable for a malformed name (nothing is sent); otherwise
 // the database's error, wrapped: SQLSTATE 42P01 (no such table), 3F000 (no
-// such schema), 42703 (no fence column), 42804 (fence is not bigint), 42809
-// (not a table), 42501 (not the table's owner), 42883 (pgfence's schema is
-// not installed: run `pgfence migrate up`). On error nothing changed.
+// such schema — the table's, or pgfence's when `pgfence migrate up` has not
+// run), 42703 (no fence column), 42804 (fence is not bigint), 42809 (not a
+// table), 42501 (not the table's owner). On error nothing changed.
 //
 // Protect is safe to repeat: it replaces the triggers. It needs a role that
 // owns the table; ctx bounds the single statement it runs.
@@ -64,8 +64,9 @@ func ProtectIdentifier(ctx context.Context, db DB, table pgx.Identifier) error {
 	}
 	name := table.Sanitize()
 	if _, err := db.Exec(ctx, sqlProtect, name); err != nil {
-		if sqlState(err) == "42883" {
-			return fmt.Errorf("fencing: protect %s: %w (is pgfence installed? run `pgfence migrate up`)", name, err)
+		switch sqlState(err) {
+		case "3F000", "42883": // invalid_schema_name, undefined_function
+			return fmt.Errorf("fencing: protect %s: %w (the table's schema, or pgfence's: has `pgfence migrate up` run?)", name, err)
 		}
 		return fmt.Errorf("fencing: protect %s: %w", name, err)
 	}
