@@ -102,7 +102,7 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	case <-ctx.Done():
 		return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
 	case <-c.done:
-		return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
+		return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -130,7 +130,7 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		case <-ctx.Done():
 			return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
 		case <-c.done:
-			return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
+			return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
 		}
 	}
 }
@@ -201,8 +201,8 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 			l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 			defer cancel()
-			_ = c.releaseBatch(rctx, []*Lease{l})
-			return nil, Info{}, 0, fmt.Errorf("leases: acquire %q: %w", name, err)
+			_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
+			return nil, Info{}, 0, fmt.Errorf("acquire %q: %w", name, err)
 		}
 		c.log.Debug("leases: acquired", "lease", name, "owner", owner, "fence", info.Fence)
 		return l, info, remaining, nil

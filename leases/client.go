@@ -114,8 +114,8 @@ func (c *Client) Close() error {
 		if len(held) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 			defer cancel()
-			if err := c.releaseBatch(ctx, held); err != nil {
-				c.closeErr = fmt.Errorf("leases: close: release %d leases: %w", len(held), err)
+			if err := c.releaseBatch(ctx, fmt.Sprintf("close: release %d leases", len(held)), held); err != nil {
+				c.closeErr = err
 				return
 			}
 			c.mu.Lock()
@@ -147,7 +147,7 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
 		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
 	if errors.Is(err, errNoRows) {
-		return Info{Name: name}, 0, fmt.Errorf("leases: get %q: %w", name, ErrNotHeld)
+		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
 	}
 	if err != nil {
 		return Info{Name: name}, 0, dbError(fmt.Sprintf("get %q", name), err)
@@ -186,7 +186,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	var live bool
 	err := c.pool.QueryRow(ctx, sqlForceRelease, name).Scan(new(string), &live)
 	if errors.Is(err, errNoRows) || err == nil && !live {
-		return fmt.Errorf("leases: force-release %q: %w", name, ErrNotHeld)
+		return fmt.Errorf("force-release %q: %w", name, ErrNotHeld)
 	}
 	if err != nil {
 		return dbError(fmt.Sprintf("force-release %q", name), err)
@@ -203,7 +203,7 @@ func (c *Client) newOwner() string {
 }
 
 // releaseBatch deletes the given grants in one statement, notifying.
-func (c *Client) releaseBatch(ctx context.Context, ls []*Lease) error {
+func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error {
 	names := make([]string, len(ls))
 	owners := make([]string, len(ls))
 	fences := make([]int64, len(ls))
@@ -211,7 +211,7 @@ func (c *Client) releaseBatch(ctx context.Context, ls []*Lease) error {
 		names[i], owners[i], fences[i] = l.name, l.owner, l.fence
 	}
 	if _, err := c.pool.Exec(ctx, sqlReleaseBatch, names, owners, fences); err != nil {
-		return dbError("release", err)
+		return dbError(op, err)
 	}
 	for _, l := range ls {
 		c.wakeQueue(l.name)

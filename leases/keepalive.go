@@ -93,7 +93,7 @@ func (c *Client) onDeadline(l *Lease) {
 	if stale {
 		return // renewed meanwhile (the timer was reset) or already gone
 	}
-	c.lose(l, fmt.Errorf("leases: lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
+	c.lose(l, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
 		l.name, l.fence, l.ttl, margin(l.ttl), ErrLost), true)
 }
 
@@ -170,7 +170,7 @@ func (c *Client) tick() (again bool) {
 
 	if len(orphans) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		if err := c.releaseBatch(ctx, orphans); err != nil {
+		if err := c.releaseBatch(ctx, "delete rows of lost leases", orphans); err != nil {
 			c.log.Warn("leases: delete rows of lost leases", "count", len(orphans), "err", err)
 		}
 		cancel()
@@ -248,7 +248,7 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 	}
 	c.mu.Unlock()
 	for _, l := range lost {
-		c.lose(l, fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
+		c.lose(l, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
 	}
 	return again
 }

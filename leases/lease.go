@@ -113,7 +113,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	var expiresAt time.Time
 	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
 	if errors.Is(err, errNoRows) {
-		lost := fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
 		l.c.lose(l, lost, false)
 		return lost
 	}
@@ -168,13 +168,13 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	case errors.Is(err, errNoRows):
 		c.setState(l, stateReleased)
-		return fmt.Errorf("leases: release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
+		return fmt.Errorf("release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
 	case err != nil:
 		return dbError(fmt.Sprintf("release %q", l.name), err)
 	}
 	c.setState(l, stateReleased)
 	if !live {
-		return fmt.Errorf("leases: release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
+		return fmt.Errorf("release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
 	}
 	return nil
 }

@@ -1,0 +1,103 @@
+package leases
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testTimeout bounds any single wait in the tests; generous because two
+// shared CPU cores run several packages' tests with -race at once.
+const testTimeout = 30 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newClient returns a client over pool that is closed when t ends, and
+// checks then that it left no connection acquired.
+func newClient(t *testing.T, pool *pgxpool.Pool, opts ...Option) *Client {
+	t.Helper()
+	c, err := New(pool, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Errorf("after Close: %d connections still acquired from the pool", n)
+		}
+	})
+	return c
+}
+
+// setup returns a client over a fresh migrated database, and its pool.
+func setup(t *testing.T, opts ...Option) (*Client, *pgxpool.Pool) {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	return newClient(t, pool, opts...), pool
+}
+
+// clients returns n clients, each over its own pool, on one fresh database
+// (so that they share nothing in-process, as separate replicas would).
+func clients(t *testing.T, n int, opts ...Option) ([]*Client, []*pgxpool.Pool) {
+	t.Helper()
+	url := pgtest.URL(t)
+	cs := make([]*Client, n)
+	ps := make([]*pgxpool.Pool, n)
+	for i := range n {
+		ps[i] = pgtest.PoolFor(t, url)
+		cs[i] = newClient(t, ps[i], opts...)
+	}
+	return cs, ps
+}
+
+// withoutKeepalive simulates a frozen holder: its leases are never renewed
+// and their rows are left in place when the local deadline passes.
+func withoutKeepalive() Option {
+	return func(c *config) error { c.noKeepalive = true; return nil }
+}
+
+// withWaitHook calls f each time a waiting acquirer goes to sleep after a
+// failed attempt.
+func withWaitHook(f func(name string)) Option {
+	return func(c *config) error { c.onWait = f; return nil }
+}
+
+// serverNow reads the database clock.
+func serverNow(t *testing.T, pool *pgxpool.Pool) time.Time {
+	t.Helper()
+	var now time.Time
+	if err := pool.QueryRow(context.Background(), "SELECT clock_timestamp()").Scan(&now); err != nil {
+		t.Fatalf("read database clock: %v", err)
+	}
+	return now
+}
+
+// waitListening waits until c's listener has LISTENed once.
+func waitListening(t *testing.T, c *Client) {
+	t.Helper()
+	c.startListener()
+	select {
+	case <-c.ready:
+	case <-time.After(testTimeout):
+		t.Fatal("listener did not start")
+	}
+}
+
+// pgtestPoolEmpty returns a pool over a database without pgfence's schema.
+func pgtestPoolEmpty(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	return pgtest.PoolFor(t, pgtest.EmptyURL(t))
+}
