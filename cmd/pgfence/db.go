@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// connectTimeout bounds the first connection when the connection string
+// sets no connect_timeout.
+const connectTimeout = 10 * time.Second
+
+// libpqEnv are the libpq environment variables pgx reads; any of them set
+// counts as "a database is configured" for demo.
+var libpqEnv = []string{
+	"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGPASSWORD",
+	"PGPASSFILE", "PGSERVICE", "PGSERVICEFILE", "PGSSLMODE", "PGCONNECT_TIMEOUT",
+	"PGAPPNAME", "PGSSLCERT", "PGSSLKEY", "PGSSLROOTCERT", "PGTARGETSESSIONATTRS",
+}
+
+// connString returns the connection string to use: --database-url, else
+// DATABASE_URL, else "" (pgx then reads the PG* variables).
+func (g *globals) connString() string {
+	if g.databaseURL != "" {
+		return g.databaseURL
+	}
+	return os.Getenv("DATABASE_URL")
+}
+
+// configured reports whether the operator pointed pgfence at a database at
+// all, by flag, DATABASE_URL or any PG* variable.
+func (g *globals) configured() bool {
+	if g.connString() != "" {
+		return true
+	}
+	for _, k := range libpqEnv {
+		if os.Getenv(k) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// openPool parses the connection string, opens a pool of at most maxConns
+// connections named application_name=appName (unless the string names one)
+// and checks that the database answers. The errors say what to fix.
+func openPool(ctx context.Context, connString, appName string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		// pgx's parse errors may echo the string, password included.
+		return nil, &exitError{code: exitUsage, err: errors.New("invalid connection string (check --database-url, DATABASE_URL or the PG* variables)")}
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok && appName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open pool: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, connectError(cfg.ConnConfig.Config, err)
+	}
+	return pool, nil
+}
+
+// checkConnect connects once and closes, for commands that connect by
+// other means (migrate): it turns "cannot connect" into a clear message
+// before the work starts.
+func checkConnect(ctx context.Context, connString string) error {
+	pool, err := openPool(ctx, connString, "pgfence migrate", 1)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	return nil
+}
+
+// connectError explains a failed first connection: whether the server did
+// not answer (exit 69) or answered with a refusal (bad password, unknown
+// database: exit 1), naming host, port, database and user but never the
+// password.
+func connectError(cfg pgconn.Config, err error) error {
+	target := fmt.Sprintf("%s (database %q, user %q)", hostPort(cfg), cfg.Database, cfg.User)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("PostgreSQL at %s refused the connection: %s (SQLSTATE %s)", target, pgErr.Message, pgErr.Code)
+	}
+	var netErr net.Error
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &opErr):
+		// pgx repeats the dial error once per address tried; the first
+		// says it.
+		err = opErr
+	case errors.As(err, &netErr), errors.Is(err, context.DeadlineExceeded):
+	default:
+		return fmt.Errorf("connect to PostgreSQL at %s: %w", target, err)
+	}
+	return &exitError{code: exitUnavailable, err: fmt.Errorf(
+		"PostgreSQL at %s is unreachable: %w (is the server running? check --database-url, DATABASE_URL or PGHOST/PGPORT)", target, err)}
+}
+
+func hostPort(cfg pgconn.Config) string {
+	if strings.HasPrefix(cfg.Host, "/") {
+		return fmt.Sprintf("unix socket %s/.s.PGSQL.%d", cfg.Host, cfg.Port)
+	}
+	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
+}
+
+// Schema errors: the pgfence schema or one of its objects is missing.
+const (
+	sqlstateInvalidSchemaName = "3F000"
+	sqlstateUndefinedTable    = "42P01"
+	sqlstateUndefinedFunction = "42883"
+)
+
+// errNotMigrated is the hint for a database without the pgfence schema.
+var errNotMigrated = errors.New("the pgfence schema is missing from this database: run `pgfence migrate up`")
+
+// checkSchema fails with errNotMigrated when the database has no
+// pgfence.leases table.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	var present bool
+	if err := pool.QueryRow(ctx, sqlSchemaPresent).Scan(&present); err != nil {
+		return fmt.Errorf("check for the pgfence schema: %w", err)
+	}
+	if !present {
+		return errNotMigrated
+	}
+	return nil
+}
+
+// schemaHint adds "run pgfence migrate up" to errors that say an object of
+// the pgfence schema does not exist (read by SQLSTATE).
+func schemaHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case sqlstateInvalidSchemaName, sqlstateUndefinedTable, sqlstateUndefinedFunction:
+			return fmt.Errorf("%w (%w)", errNotMigrated, err)
+		}
+	}
+	return err
+}

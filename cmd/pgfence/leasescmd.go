@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/leases"
+)
+
+func newLeasesCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "leases",
+		Short: "Inspect and force-release leases",
+		Args:  argsUsage(cobra.NoArgs),
+		RunE:  action(func(cmd *cobra.Command, _ []string) error { return cmd.Help() }),
+	}
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List leases: owner, fence, expiry, how long held",
+		Long: `List the rows of pgfence.leases: name, owner, fence, when the grant expires
+(or how long ago it expired) and how long the current owner has held it.
+Times are judged by the database clock. An expired row is free: the next
+acquirer takes it with a higher fence.`,
+		Args: argsUsage(cobra.NoArgs),
+		RunE: action(func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return withLeases(ctx, g, "pgfence leases", func(ctx context.Context, lc *leases.Client, now time.Time) error {
+				infos, err := lc.List(ctx)
+				if err != nil {
+					return schemaHint(fmt.Errorf("list leases: %w", err))
+				}
+				rows := make([]leaseRow, 0, len(infos))
+				for _, in := range infos {
+					rows = append(rows, newLeaseRow(in, now))
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), rows)
+				}
+				return printLeases(cmd, rows)
+			})
+		}),
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of objects) instead of a table")
+
+	var force bool
+	release := &cobra.Command{
+		Use:   "release --force NAME",
+		Short: "Break-glass: make a lease expire now",
+		Long: `Make lease NAME expire now, whoever holds it. This is the operator's
+break-glass for a holder that is stuck but still renewing.
+
+The holder's next renewal fails and its lease context is cancelled (a
+'pgfence run' holder then stops its command); the next grant gets a higher
+fence, so fenced writes of the old holder are rejected. The holder may still
+be running until it notices — at most about a third of its TTL. Requires
+--force. Fails (exit 1) when nobody holds NAME.`,
+		Args: argsUsage(cobra.ExactArgs(1)),
+		RunE: action(func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if !force {
+				return usageErrorf("leases release breaks a lease someone may be relying on: add --force to release %q", name)
+			}
+			if err := validateLeaseName(name); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return withLeases(ctx, g, "pgfence leases release", func(ctx context.Context, lc *leases.Client, now time.Time) error {
+				before, err := lc.Get(ctx, name)
+				if err != nil && !errors.Is(err, leases.ErrNotHeld) {
+					return schemaHint(fmt.Errorf("read lease %q: %w", name, err))
+				}
+				if err := lc.ForceRelease(ctx, name); err != nil {
+					if errors.Is(err, leases.ErrNotHeld) {
+						return fmt.Errorf("lease %q is not held (no such lease, or it has already expired): nothing to release; see 'pgfence leases ls'", name)
+					}
+					return schemaHint(fmt.Errorf("force-release lease %q: %w", name, err))
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "released lease %q (was held by %s, fence %d); its holder's next renewal fails and the next grant gets a higher fence\n",
+					name, orDash(before.Owner), before.Fence)
+				return nil
+			})
+		}),
+	}
+	release.Flags().BoolVar(&force, "force", false, "confirm that the lease should be broken")
+	cmd.AddCommand(ls, release)
+	return cmd
+}
+
+// withLeases opens a pool and a leases client for one command, checks the
+// schema, reads the database clock, and closes everything after fn.
+func withLeases(ctx context.Context, g *globals, app string, fn func(context.Context, *leases.Client, time.Time) error) error {
+	pool, err := openPool(ctx, g.connString(), app, 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := checkSchema(ctx, pool); err != nil {
+		return err
+	}
+	var now time.Time
+	if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+		return fmt.Errorf("read the database clock: %w", err)
+	}
+	lc, err := leases.New(pool)
+	if err != nil {
+		return fmt.Errorf("leases client: %w", err)
+	}
+	defer lc.Close()
+	return fn(ctx, lc, now)
+}
+
+// leaseRow is one row of `leases ls` (and its JSON form). Durations are
+// judged against the database clock read just before the listing.
+type leaseRow struct {
+	Name       string    `json:"name"`
+	Owner      string    `json:"owner"`
+	Fence      int64     `json:"fence"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	Expired    bool      `json:"expired"`
+	// ExpiresInSeconds is negative for an expired lease.
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
+	// HeldForSeconds is how long the current owner has held the lease;
+	// absent once expired.
+	HeldForSeconds *float64 `json:"held_for_seconds,omitempty"`
+}
+
+func newLeaseRow(in leases.Info, now time.Time) leaseRow {
+	r := leaseRow{
+		Name: in.Name, Owner: in.Owner, Fence: in.Fence,
+		AcquiredAt: in.AcquiredAt, RenewedAt: in.RenewedAt, ExpiresAt: in.ExpiresAt,
+		Expired:          !in.ExpiresAt.After(now),
+		ExpiresInSeconds: in.ExpiresAt.Sub(now).Seconds(),
+	}
+	if !r.Expired {
+		h := now.Sub(in.AcquiredAt).Seconds()
+		r.HeldForSeconds = &h
+	}
+	return r
+}
+
+func printLeases(cmd *cobra.Command, rows []leaseRow) error {
+	w := cmd.OutOrStdout()
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no leases")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tOWNER\tFENCE\tEXPIRES\tHELD FOR")
+	for _, r := range rows {
+		d := time.Duration(r.ExpiresInSeconds * float64(time.Second))
+		expires, held := "in "+human(d), "-"
+		if r.Expired {
+			expires = "expired " + human(d) + " ago"
+		}
+		if r.HeldForSeconds != nil {
+			held = human(time.Duration(*r.HeldForSeconds * float64(time.Second)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", r.Name, r.Owner, r.Fence, expires, held)
+	}
+	return tw.Flush()
+}
+
+// validateLeaseName applies the lease table's rules before connecting, so
+// that bad input exits 2 and touches nothing.
+func validateLeaseName(name string) error {
+	switch {
+	case name == "":
+		return usageErrorf("lease name must not be empty")
+	case len(name) > leases.MaxNameLen:
+		return usageErrorf("lease name must be at most %d bytes, got %d", leases.MaxNameLen, len(name))
+	}
+	return nil
+}

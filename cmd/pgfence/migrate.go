@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/migrations"
+)
+
+func newMigrateCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate up|down|version",
+		Short: "Apply, revert or show pgfence's schema migrations",
+		Long: `Apply, revert or show pgfence's schema (schema pgfence), from the migrations
+embedded in this binary. golang-migrate's bookkeeping table is
+` + migrations.Table + `, so pgfence's history never collides with the
+application's own golang-migrate history.
+
+  up       apply pending migrations (safe to run from many processes at once)
+  down     revert all of them: drops schema pgfence and the guard triggers
+           installed by pgfence.protect (fails if application objects depend on it)
+  version  print the applied version ("0" when none), and "(dirty)" after a
+           failed migration
+
+The upstream migrate CLI works on the same files:
+  migrate -path ./migrations -database 'pgx5://user@host/db?x-migrations-table=` + migrations.Table + `' up`,
+	}
+	cmd.AddCommand(
+		&cobra.Command{
+			Use:   "up",
+			Short: "Apply pending migrations",
+			Args:  argsUsage(cobra.NoArgs),
+			RunE: action(func(cmd *cobra.Command, _ []string) error {
+				return runMigration(cmd, g, "up", migrations.Up)
+			}),
+		},
+		&cobra.Command{
+			Use:   "down",
+			Short: "Revert all migrations (drops schema pgfence)",
+			Args:  argsUsage(cobra.NoArgs),
+			RunE: action(func(cmd *cobra.Command, _ []string) error {
+				return runMigration(cmd, g, "down", migrations.Down)
+			}),
+		},
+		&cobra.Command{
+			Use:   "version",
+			Short: "Print the applied migration version",
+			Args:  argsUsage(cobra.NoArgs),
+			RunE: action(func(cmd *cobra.Command, _ []string) error {
+				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				conn := g.connString()
+				if err := checkConnect(ctx, conn); err != nil {
+					return err
+				}
+				v, dirty, err := migrations.Version(ctx, conn)
+				if err != nil {
+					return err
+				}
+				if dirty {
+					fmt.Fprintf(cmd.OutOrStdout(), "%d (dirty: the last migration failed part-way; fix the schema by hand, then force the version with the upstream migrate CLI)\n", v)
+					return &exitError{code: exitFailure}
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d\n", v)
+				return nil
+			}),
+		},
+	)
+	cmd.Args = argsUsage(func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return fmt.Errorf("migrate needs a subcommand: up, down or version")
+		}
+		return fmt.Errorf("unknown migrate subcommand %q: want up, down or version", args[0])
+	})
+	cmd.RunE = action(func(*cobra.Command, []string) error { return nil })
+	return cmd
+}
+
+func runMigration(cmd *cobra.Command, g *globals, what string, fn func(context.Context, string) error) error {
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	conn := g.connString()
+	if err := checkConnect(ctx, conn); err != nil {
+		return err
+	}
+	if err := fn(ctx, conn); err != nil {
+		return err
+	}
+	v, _, err := migrations.Version(ctx, conn)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "migrate %s: schema pgfence at version %d\n", what, v)
+	return nil
+}
