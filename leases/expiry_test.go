@@ -1,0 +1,132 @@
+package leases
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// A holder that stops renewing keeps the lease until its expires_at by the
+// database clock, and not a moment less: the waiter's grant starts at or
+// after the old expires_at (both read from the server's clock).
+func TestExpiryJudgedByDatabaseClock(t *testing.T) {
+	t.Parallel()
+	// A poll interval of an hour: the waiter must wake at the holder's
+	// expiry on its own, not by polling.
+	cs, ps := clients(t, 2, WithPollInterval(time.Hour))
+	frozen := newClient(t, ps[0], withoutKeepalive())
+	ctx := testContext(t)
+	const ttl = 2 * time.Second
+	old, err := frozen.TryAcquire(ctx, "expiry", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	l, err := cs[1].Acquire(ctx, "expiry", ttl)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	waited := time.Since(begin)
+	t.Logf("granted %s after the old grant expired (server clock); waited %s for a %s TTL",
+		l.acquiredAt.Sub(old.ExpiresAt()), waited, ttl)
+	if l.acquiredAt.Before(old.ExpiresAt()) {
+		t.Fatalf("granted at %s, before the old grant's expires_at %s (database clock)", l.acquiredAt, old.ExpiresAt())
+	}
+	if l.Fence() <= old.Fence() {
+		t.Errorf("fence %d after %d", l.Fence(), old.Fence())
+	}
+	// The waiter woke at the expiry, not at the hour-long poll. Bound
+	// generous (CI load); typically within a few tens of ms of the TTL.
+	if waited > ttl+3*time.Second {
+		t.Errorf("waited %s for a lease that expired after at most %s", waited, ttl)
+	}
+}
+
+// The local deadline passes strictly before the server's expires_at: when
+// Context() is done, the database clock is still before expires_at.
+func TestLocalDeadlineBeforeServerExpiry(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t, withoutKeepalive())
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "deadline", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done()
+	var before bool
+	var left time.Duration
+	err = pool.QueryRow(ctx, `SELECT clock_timestamp() < expires_at, expires_at - clock_timestamp()
+		FROM pgfence.leases WHERE name = $1 AND fence = $2`, l.Name(), l.Fence()).Scan(&before, &left)
+	if err != nil {
+		t.Fatalf("read the grant: %v", err)
+	}
+	t.Logf("context done %s before the server's expiry (margin %s)", left, margin(time.Second))
+	if !before {
+		t.Errorf("context done after the server's expires_at (by %s)", -left)
+	}
+	if !errors.Is(l.Err(), ErrLost) || !strings.Contains(l.Err().Error(), "local deadline") {
+		t.Errorf("Err = %v, want ErrLost at the local deadline", l.Err())
+	}
+}
+
+// When renewals fail (here: the holder's pool is gone), the keepalive
+// retries until the local deadline, and the lease is lost before the
+// server-side expiry.
+func TestRenewalFailuresLoseAtLocalDeadline(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	other := pgtest.PoolFor(t, url)
+	holderPool := pgtest.PoolFor(t, url)
+	c, err := New(holderPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() // its pool is closed: the release fails, expiry cleans up
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "cut-off", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holderPool.Close()
+	<-l.Done()
+	var before bool
+	if err := other.QueryRow(ctx, `SELECT clock_timestamp() < expires_at FROM pgfence.leases WHERE fence = $1`, l.Fence()).Scan(&before); err != nil {
+		t.Fatalf("read the grant: %v", err)
+	}
+	if !before {
+		t.Error("lease lost only after its server-side expiry")
+	}
+	if !errors.Is(l.Err(), ErrLost) || !strings.Contains(l.Err().Error(), "local deadline") {
+		t.Errorf("Err = %v, want ErrLost at the local deadline", l.Err())
+	}
+}
+
+// Killing every backend of the holder's pool is a network error to the
+// keepalive: it retries on a fresh connection and the lease survives.
+func TestRenewalSurvivesTerminatedBackends(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, url)
+	pool := pgtest.PoolFor(t, url+"&application_name=holder")
+	c := newClient(t, pool)
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "survivor", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'holder'`); err != nil {
+			t.Fatal(err)
+		}
+		before := l.ExpiresAt()
+		// Wait for a renewal after the kill (within the TTL, or lost).
+		waitFor(t, func() bool { return l.Err() != nil || l.ExpiresAt().After(before) })
+		if l.Err() != nil {
+			t.Fatalf("lease lost after its backends were terminated: %v", l.Err())
+		}
+	}
+}
