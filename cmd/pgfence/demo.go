@@ -131,10 +131,10 @@ func runDemo(cmd *cobra.Command, g *globals, o demoOptions) error {
 
 // demo is the parent's state while workers run.
 type demo struct {
-	o       demoOptions
-	out     io.Writer
-	pause   int // the period whose winner is frozen
-	workers map[string]*demoProc
+	o          demoOptions
+	out        io.Writer
+	pause      int // the period whose winner is frozen
+	workers    map[string]*demoProc
 	started    int  // workers connected and waiting for the start
 	startedAll bool // the start has been given
 

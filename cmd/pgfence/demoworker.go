@@ -293,4 +293,3 @@ func setupDemo(ctx context.Context, pool *pgxpool.Pool, reset bool) error {
 	}
 	return nil
 }
-

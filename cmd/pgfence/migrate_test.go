@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"io/fs"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// latestMigration is the highest version among the embedded files.
+func latestMigration(t *testing.T) int {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS, "*.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := 0
+	for _, n := range names {
+		v, err := strconv.Atoi(strings.SplitN(n, "_", 2)[0])
+		if err != nil {
+			t.Fatalf("migration file %s: %v", n, err)
+		}
+		latest = max(latest, v)
+	}
+	return latest
+}
+
+func TestMigrateUpVersionDown(t *testing.T) {
+	t.Parallel()
+	url := pgtest.EmptyURL(t)
+	schemaExists := func() bool {
+		t.Helper()
+		conn, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		var ok bool
+		if err := conn.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'pgfence')").Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	latest := itoa(latestMigration(t))
+
+	if r := db(t, url, "migrate", "version"); r.code != 0 || r.stdout != "0\n" {
+		t.Fatalf("version before up: exit %d, stdout %q; want 0", r.code, r.stdout)
+	}
+	if r := db(t, url, "migrate", "up"); r.code != 0 || !strings.Contains(r.stdout, "version "+latest) {
+		t.Fatalf("up: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if !schemaExists() {
+		t.Fatal("schema pgfence missing after migrate up")
+	}
+	if r := db(t, url, "migrate", "up"); r.code != 0 {
+		t.Fatalf("second up: exit %d, want 0 (nothing to do)", r.code)
+	}
+	if r := db(t, url, "migrate", "version"); r.code != 0 || r.stdout != latest+"\n" {
+		t.Fatalf("version after up: exit %d, stdout %q; want %s", r.code, r.stdout, latest)
+	}
+	if r := db(t, url, "migrate", "down"); r.code != 0 || !strings.Contains(r.stdout, "version 0") {
+		t.Fatalf("down: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if schemaExists() {
+		t.Fatal("schema pgfence still there after migrate down")
+	}
+	if r := db(t, url, "migrate", "version"); r.code != 0 || r.stdout != "0\n" {
+		t.Fatalf("version after down: exit %d, stdout %q; want 0", r.code, r.stdout)
+	}
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// Bad input exits 2 with a message naming the problem, before connecting:
+// the database URL points nowhere, and a command that connected would exit
+// 69 instead.
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"bogus"}, `unknown command "bogus"`},
+		{"unknown flag", []string{"leases", "ls", "--bogus"}, "unknown flag: --bogus"},
+		{"unknown run flag", []string{"run", "--bogus", "--", "true"}, "unknown flag: --bogus"},
+		{"missing ttl", []string{"run", "--lease", "job", "--", "true"}, "--lease needs --ttl"},
+		{"ttl too short", []string{"run", "--lease", "job", "--ttl", "500ms", "--", "true"}, "--ttl must be at least 1s, got 500ms"},
+		{"bad ttl", []string{"run", "--lease", "job", "--ttl", "soon", "--", "true"}, `invalid argument "soon"`},
+		{"ttl with lock", []string{"run", "--lock", "job", "--ttl", "5s", "--", "true"}, "--ttl applies to --lease only"},
+		{"lease and lock", []string{"run", "--lease", "a", "--lock", "b", "--ttl", "5s", "--", "true"}, "not both"},
+		{"neither", []string{"run", "--", "true"}, "run needs --lease NAME"},
+		{"no command", []string{"run", "--lease", "job", "--ttl", "5s"}, "run needs a command"},
+		{"negative grace", []string{"run", "--lease", "job", "--ttl", "5s", "--grace", "-1s", "--", "true"}, "--grace must not be negative"},
+		{"long lease name", []string{"run", "--lease", strings.Repeat("x", 201), "--ttl", "5s", "--", "true"}, "at most 200 bytes"},
+		{"release without force", []string{"leases", "release", "job"}, "add --force"},
+		{"release without name", []string{"leases", "release", "--force"}, "accepts 1 arg"},
+		{"locks key without name", []string{"locks", "key"}, "accepts 1 arg"},
+		{"migrate without subcommand", []string{"migrate"}, "up, down or version"},
+		{"migrate sideways", []string{"migrate", "sideways"}, `unknown migrate subcommand "sideways"`},
+		{"demo one worker", []string{"demo", "--workers", "1"}, "--workers must be between 2 and 50"},
+		{"demo no periods", []string{"demo", "--periods", "0"}, "--periods must be between 1 and 1000"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := cli(t, cliEnv("DATABASE_URL="+unreachableURL), tc.args...)
+			if r.code != exitUsage {
+				t.Errorf("exit %d, want %d", r.code, exitUsage)
+			}
+			if !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("stderr %q does not say %q", r.stderr, tc.want)
+			}
+			if !strings.Contains(r.stderr, "--help' for usage") {
+				t.Errorf("stderr %q does not point to --help", r.stderr)
+			}
+		})
+	}
+}
+
+func TestHelpDocumentsExitCodes(t *testing.T) {
+	t.Parallel()
+	r := cli(t, cliEnv(), "--help")
+	if r.code != 0 {
+		t.Fatalf("exit %d", r.code)
+	}
+	for _, want := range []string{"Exit codes:", "75", "69", "128+N", "DATABASE_URL"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--help does not mention %q", want)
+		}
+	}
+}
+
+func TestUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"leases", "ls"}, {"locks", "ls"}, {"migrate", "version"}, {"run", "--lease", "job", "--ttl", "5s", "--", "true"}} {
+		r := cli(t, cliEnv("DATABASE_URL="+unreachableURL), args...)
+		if r.code != exitUnavailable {
+			t.Errorf("%v: exit %d, want %d", args, r.code, exitUnavailable)
+		}
+		if !strings.Contains(r.stderr, "127.0.0.1:1") || !strings.Contains(r.stderr, "unreachable") {
+			t.Errorf("%v: stderr %q does not name the address and say it is unreachable", args, r.stderr)
+		}
+	}
+}
+
+// With no URL at all, pgx reads libpq's PG* variables.
+func TestPGEnvironment(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, cliEnv("PGHOST="+cfg.Host, "PGPORT="+itoa(int(cfg.Port)), "PGDATABASE="+cfg.Database,
+		"PGUSER="+cfg.User, "PGPASSWORD="+cfg.Password, "PGSSLMODE=disable"), "leases", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "no leases") {
+		t.Fatalf("leases ls over PG* variables: exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
+func TestNotMigrated(t *testing.T) {
+	t.Parallel()
+	url := pgtest.EmptyURL(t)
+	for _, args := range [][]string{{"leases", "ls"}, {"run", "--lease", "job", "--ttl", "5s", "--", "true"}, {"demo", "--workers", "2", "--periods", "1"}} {
+		r := db(t, url, args...)
+		if r.code != exitFailure || !strings.Contains(r.stderr, "run `pgfence migrate up`") {
+			t.Errorf("%v on an unmigrated database: exit %d, stderr %q; want exit 1 and the migrate hint", args, r.code, r.stderr)
+		}
+	}
+	// Nothing was created.
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgfence%'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d pgfence schemas created in an unmigrated database", n)
+	}
+}
