@@ -24,10 +24,12 @@ var workerRoles = map[string]func(ctx context.Context, wk *workerSide) error{
 	"linear":  roleLinear,
 }
 
-func isStale(err error) bool     { return fencing.IsStale(err) }
-func isLeaseLost(err error) bool { return errors.Is(err, leases.ErrLost) || errors.Is(err, pglock.ErrLost) }
-func isHeld(err error) bool      { return errors.Is(err, leases.ErrHeld) }
-func isLocked(err error) bool    { return errors.Is(err, pglock.ErrLocked) }
+func isStale(err error) bool { return fencing.IsStale(err) }
+func isLeaseLost(err error) bool {
+	return errors.Is(err, leases.ErrLost) || errors.Is(err, pglock.ErrLost)
+}
+func isHeld(err error) bool   { return errors.Is(err, leases.ErrHeld) }
+func isLocked(err error) bool { return errors.Is(err, pglock.ErrLocked) }
 
 // workerPool opens the worker's pool; application_name is the worker's id,
 // so the parent can find its backends.
