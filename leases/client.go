@@ -37,7 +37,7 @@ type Client struct {
 
 	mu        sync.Mutex
 	closed    bool
-	held      map[*Lease]struct{} // renewed by the keepalive
+	held      map[string]*Lease // by name: renewed by the keepalive
 	nextDue   time.Time           // earliest nextRenew the keepalive sleeps towards
 	orphans   []*Lease            // lost at the local deadline; rows to delete
 	queues    map[string]*queue   // waiting acquirers per name
@@ -72,7 +72,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		log:       cfg.log,
 		done:      make(chan struct{}),
 		kick:      make(chan struct{}, 1),
-		held:      make(map[*Lease]struct{}),
+		held:      make(map[string]*Lease),
 		queues:    make(map[string]*queue),
 		observers: make(map[string]map[*observer]struct{}),
 		ready:     make(chan struct{}),
@@ -96,7 +96,7 @@ func (c *Client) Close() error {
 		close(c.done)
 		c.cancelBG()
 		held := make([]*Lease, 0, len(c.held))
-		for l := range c.held {
+		for _, l := range c.held {
 			held = append(held, l)
 		}
 		cause := fmt.Errorf("%w: %w", ErrReleased, ErrClosed)

@@ -31,7 +31,7 @@ func (c *Client) register(l *Lease, start time.Time) error {
 	l.deadline = start.Add(l.ttl - margin(l.ttl))
 	l.nextRenew = start.Add(l.ttl / 3)
 	l.timer = time.AfterFunc(time.Until(l.deadline), func() { c.onDeadline(l) })
-	c.held[l] = struct{}{}
+	c.held[l.name] = l
 	if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
 		c.nextDue = l.nextRenew
 		c.kickKeepalive()
@@ -57,7 +57,9 @@ func (c *Client) renewedLocked(l *Lease, start time.Time, expiresAt time.Time) {
 
 // dropLocked stops keeping l alive.
 func (c *Client) dropLocked(l *Lease) {
-	delete(c.held, l)
+	if c.held[l.name] == l {
+		delete(c.held, l.name)
+	}
 	if l.timer != nil {
 		l.timer.Stop()
 	}
@@ -158,7 +160,7 @@ func (c *Client) tick() (again bool) {
 	c.orphans = nil
 	var due []*Lease
 	var minTTL time.Duration
-	for l := range c.held {
+	for _, l := range c.held {
 		if !l.nextRenew.After(now.Add(l.ttl / 12)) {
 			due = append(due, l)
 			if minTTL == 0 || l.ttl < minTTL {
@@ -185,7 +187,7 @@ func (c *Client) tick() (again bool) {
 
 	c.mu.Lock()
 	c.nextDue = time.Time{}
-	for l := range c.held {
+	for _, l := range c.held {
 		if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
 			c.nextDue = l.nextRenew
 		}
@@ -251,4 +253,21 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		c.lose(l, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
 	}
 	return again
+}
+
+// checkHeldLocked makes the keepalive renew the named lease now, if this client
+// holds it: a notification for it means someone released or force-released
+// it, and in the latter case the holder should learn at once rather than at
+// its next scheduled renewal.
+func (c *Client) checkHeldLocked(name string) {
+	l := c.held[name]
+	if l == nil {
+		return
+	}
+	now := time.Now()
+	l.nextRenew = now
+	if c.nextDue.IsZero() || now.Before(c.nextDue) {
+		c.nextDue = now
+	}
+	c.kickKeepalive()
 }

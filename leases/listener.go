@@ -111,10 +111,12 @@ func (c *Client) notified(n *pgconn.Notification) {
 	c.wakeName(n.Payload)
 }
 
-// wakeName wakes the head waiter and the observers of name.
+// wakeName wakes the head waiter and the observers of name, and has the
+// keepalive check the lease now if this client holds it.
 func (c *Client) wakeName(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.checkHeldLocked(name)
 	if q := c.queues[name]; q != nil && len(q.waiters) > 0 {
 		signal(q.waiters[0].wake)
 	}

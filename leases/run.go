@@ -67,6 +67,9 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 	if err := validate(name, ttl); err != nil {
 		return err
 	}
+	// The listener wakes the campaign when the leader releases, and makes
+	// a force-released leader check its lease at once.
+	c.startListener()
 	backoff := 100 * time.Millisecond
 	for {
 		l, err := c.Acquire(ctx, name, ttl)

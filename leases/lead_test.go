@@ -1,0 +1,161 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+type term struct {
+	candidate int
+	fence     int64
+}
+
+// Three candidates elect a leader: at every moment at most one runs fn;
+// force-releasing the lease and killing the leader's connections hand
+// leadership on (or let the leader recover), and cancelling ends it all.
+func TestLeadAtMostOneLeader(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second
+	url := pgtest.URL(t)
+	admin := pgtest.PoolFor(t, url)
+	adminClient := newClient(t, admin)
+	ctx := testContext(t)
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+
+	var leading atomic.Int32
+	// Force-release is break-glass: PostgreSQL grants the lease anew at
+	// once, while the old leader learns only when its client checks (on
+	// the release notification, else at its next renewal). In that window
+	// fencing, not the lease, keeps the old leader harmless; the test
+	// bounds the window instead of counting leaders.
+	var forcing atomic.Bool
+	terms := make(chan term, 100)
+	var mu sync.Mutex
+	ended := map[int64]error{} // fence -> cause of fn's context
+	var wg sync.WaitGroup
+	for i := range 3 {
+		pool := pgtest.PoolFor(t, fmt.Sprintf("%s&application_name=cand%d", url, i))
+		c := newClient(t, pool, WithOwner(fmt.Sprintf("cand%d", i)))
+		wg.Go(func() {
+			err := c.Lead(lctx, "leader", ttl, func(ctx context.Context, l *Lease) error {
+				if n := leading.Add(1); n > 1 && !forcing.Load() {
+					t.Errorf("%d leaders at once", n)
+				}
+				terms <- term{candidate: i, fence: l.Fence()}
+				<-ctx.Done()
+				leading.Add(-1)
+				mu.Lock()
+				ended[l.Fence()] = context.Cause(ctx)
+				mu.Unlock()
+				return ctx.Err()
+			})
+			if err != nil {
+				t.Errorf("Lead = %v, want nil after cancellation", err)
+			}
+		})
+	}
+	nextTerm := func(after term) term {
+		t.Helper()
+		for {
+			select {
+			case tm := <-terms:
+				if tm.fence > after.fence {
+					return tm
+				}
+				t.Errorf("term fence %d not above %d", tm.fence, after.fence)
+			case <-ctx.Done():
+				t.Fatal("no new leader")
+			}
+		}
+	}
+	first := nextTerm(term{})
+	t.Logf("leader: candidate %d, fence %d", first.candidate, first.fence)
+
+	// Break-glass: the leader loses at its next renewal; someone leads
+	// again with a higher fence.
+	forcing.Store(true)
+	forced := time.Now()
+	if err := adminClient.ForceRelease(ctx, "leader"); err != nil {
+		t.Fatal(err)
+	}
+	second := nextTerm(first)
+	t.Logf("after force-release: candidate %d, fence %d", second.candidate, second.fence)
+	waitFor(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return ended[first.fence] != nil
+	})
+	learned := time.Since(forced)
+	forcing.Store(false)
+	t.Logf("the force-released leader stopped after %s", learned)
+	// It must learn by its next renewal (TTL/3) at the latest; generous
+	// bound for CI load. Typically it learns from the notification, in ms.
+	if learned > ttl {
+		t.Errorf("force-released leader ran on for %s (TTL %s)", learned, ttl)
+	}
+	mu.Lock()
+	if cause := ended[first.fence]; !errors.Is(cause, ErrLost) {
+		t.Errorf("old leader's context ended with %v, want ErrLost", cause)
+	}
+	mu.Unlock()
+
+	// Kill every backend of the leader's pool: it either renews on a fresh
+	// connection and stays leader, or loses and another takes over; either
+	// way somebody leads again and never two at once.
+	killed, err := terminate(ctx, admin, fmt.Sprintf("cand%d", second.candidate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("terminated %d backends of candidate %d", killed, second.candidate)
+	waitFor(t, func() bool {
+		info, err := adminClient.Get(ctx, "leader")
+		return err == nil && leading.Load() == 1 && info.Fence >= second.fence
+	})
+	// Two TTLs of the leader under observation: at most one, and the
+	// lease never lapses for long.
+	timer := time.NewTimer(2 * ttl)
+	<-timer.C
+
+	stop()
+	wg.Wait()
+	if n := leading.Load(); n != 0 {
+		t.Errorf("%d fn still running after Lead returned", n)
+	}
+	if _, err := adminClient.Get(ctx, "leader"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("after Lead returned: Get = %v, want ErrNotHeld (released)", err)
+	}
+}
+
+// terminate kills every backend with the given application_name.
+func terminate(ctx context.Context, admin *pgxpool.Pool, app string) (int, error) {
+	var n int
+	err := admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, app).Scan(&n)
+	return n, err
+}
+
+func TestLeadReturnsFnResultWhileLeader(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	ctx := testContext(t)
+	boom := errors.New("boom")
+	if err := c.Lead(ctx, "l", time.Second, func(context.Context, *Lease) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("Lead = %v, want fn's error", err)
+	}
+	if err := c.Lead(ctx, "l", time.Second, func(context.Context, *Lease) error { return nil }); err != nil {
+		t.Errorf("Lead = %v, want nil", err)
+	}
+	if _, err := c.Get(ctx, "l"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("Get after Lead = %v, want ErrNotHeld", err)
+	}
+}
