@@ -1,0 +1,175 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// runEnvLine is what the test children print: the lease and fence run
+// handed them.
+var runEnvLine = regexp.MustCompile(`^(\S+) (\d+)$`)
+
+func parseEnvLine(t *testing.T, line, lease string) int64 {
+	t.Helper()
+	m := runEnvLine.FindStringSubmatch(line)
+	if m == nil || m[1] != lease {
+		t.Fatalf("child printed %q, want %q and a fence", line, lease+" <fence>")
+	}
+	f, _ := strconv.ParseInt(m[2], 10, 64)
+	if f <= 0 {
+		t.Fatalf("PGFENCE_FENCE = %d, want > 0", f)
+	}
+	return f
+}
+
+// Two runs of one lease never overlap: with --no-wait the second exits 75
+// naming the holder; without, it waits and then runs with a higher fence.
+func TestRunLeaseExcludes(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	marker := filepath.Join(t.TempDir(), "running")
+	env := cliEnv("DATABASE_URL="+url, "MARKER="+marker)
+
+	// The first holder marks that it runs and waits for its stdin to close.
+	first := startCLI(t, env, "run", "--lease", "job", "--ttl", "3s", "--",
+		"sh", "-c", `touch "$MARKER"; echo "$PGFENCE_LEASE $PGFENCE_FENCE"; cat >/dev/null; rm "$MARKER"`)
+	fence1 := parseEnvLine(t, first.line(), "job")
+
+	r := cli(t, env, "run", "--lease", "job", "--ttl", "3s", "--no-wait", "--", "sh", "-c", "echo ran")
+	if r.code != exitHeld {
+		t.Errorf("--no-wait on a held lease: exit %d, want %d", r.code, exitHeld)
+	}
+	if r.stdout != "" {
+		t.Errorf("--no-wait on a held lease ran the command: stdout %q", r.stdout)
+	}
+	host, _ := os.Hostname()
+	for _, want := range []string{`lease "job" is held by ` + host + "/", "fence " + strconv.FormatInt(fence1, 10), "expires in"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("--no-wait stderr %q does not say %q", r.stderr, want)
+		}
+	}
+
+	// A waiting run: its child fails if the first child is still running.
+	second := startCLI(t, env, "run", "--lease", "job", "--ttl", "3s", "--",
+		"sh", "-c", `test ! -e "$MARKER" && echo "$PGFENCE_LEASE $PGFENCE_FENCE"`)
+	if err := first.stdin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if code := first.wait(); code != 0 {
+		t.Fatalf("first run: exit %d", code)
+	}
+	fence2 := parseEnvLine(t, second.line(), "job")
+	if code := second.wait(); code != 0 {
+		t.Fatalf("waiting run: exit %d (its command ran while the first still held the lease?)", code)
+	}
+	if fence2 <= fence1 {
+		t.Errorf("second grant's fence %d is not above the first's %d", fence2, fence1)
+	}
+}
+
+// run exits with its command's status, 128+N for death by signal N, and
+// 127 for a command that does not exist (without taking the lease).
+func TestRunExitStatus(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	cases := []struct {
+		args []string
+		want int
+	}{
+		{[]string{"sh", "-c", "exit 0"}, 0},
+		{[]string{"sh", "-c", "exit 7"}, 7},
+		{[]string{"sh", "-c", "kill -TERM $$"}, 128 + 15},
+		{[]string{"sh", "-c", "kill -USR1 $$"}, 128 + 10},
+		{[]string{"pgfence-no-such-command"}, exitNotFound},
+	}
+	for _, tc := range cases {
+		r := db(t, url, append([]string{"run", "--lease", "status", "--ttl", "2s", "--"}, tc.args...)...)
+		if r.code != tc.want {
+			t.Errorf("run %v: exit %d, want %d", tc.args, r.code, tc.want)
+		}
+		r = db(t, url, append([]string{"run", "--lock", "status", "--"}, tc.args...)...)
+		if r.code != tc.want {
+			t.Errorf("run --lock %v: exit %d, want %d", tc.args, r.code, tc.want)
+		}
+	}
+	if r := db(t, url, "leases", "ls", "--json"); strings.Contains(r.stdout, `"expired": false`) {
+		t.Errorf("after the runs, a lease is still held: %s", r.stdout)
+	}
+}
+
+// Signals sent to run reach the command.
+func TestRunForwardsSignals(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	p := startCLI(t, cliEnv("DATABASE_URL="+url), "run", "--lease", "signals", "--ttl", "5s", "--",
+		"sh", "-c", `trap 'echo got USR1' USR1; trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.05; done`)
+	if l := p.line(); l != "ready" {
+		t.Fatalf("child printed %q", l)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGUSR1)
+	if l := p.line(); l != "got USR1" {
+		t.Fatalf("after SIGUSR1 the child printed %q", l)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if l := p.line(); l != "got TERM" {
+		t.Fatalf("after SIGTERM the child printed %q", l)
+	}
+	if code := p.wait(); code != 3 {
+		t.Fatalf("exit %d, want the child's 3", code)
+	}
+}
+
+// Force-releasing the lease stops the command: SIGTERM, and SIGKILL after
+// --grace when it ignores SIGTERM.
+func TestRunStopsCommandWhenLeaseLost(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		script string
+		grace  time.Duration
+		want   int
+	}{
+		{"obeys SIGTERM", `echo ready; exec sleep 60`, 30 * time.Second, 128 + 15},
+		{"ignores SIGTERM", `trap '' TERM; echo ready; while :; do sleep 0.05; done`, time.Second, 128 + 9},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := pgtest.URL(t)
+			p := startCLI(t, cliEnv("DATABASE_URL="+url), "run", "--lease", "victim", "--ttl", "3s",
+				"--grace", tc.grace.String(), "--", "sh", "-c", tc.script)
+			if l := p.line(); l != "ready" {
+				t.Fatalf("child printed %q", l)
+			}
+			released := time.Now()
+			if r := db(t, url, "leases", "release", "--force", "victim"); r.code != 0 {
+				t.Fatalf("release --force: exit %d", r.code)
+			}
+			code := p.wait()
+			elapsed := time.Since(released)
+			if code != tc.want {
+				t.Errorf("exit %d, want %d", code, tc.want)
+			}
+			if !strings.Contains(p.stderr.String(), `lease "victim"`) || !strings.Contains(p.stderr.String(), "lost") {
+				t.Errorf("stderr %q does not report the loss", p.stderr)
+			}
+			// Loss is noticed at the next renewal (every TTL/3 = 1s);
+			// SIGKILL comes --grace after that, so never sooner than grace
+			// after the release. The upper bound only catches a hang.
+			if tc.want == 128+9 && elapsed < tc.grace {
+				t.Errorf("SIGKILL %s after the release, before the %s grace", elapsed, tc.grace)
+			}
+			if elapsed > 20*time.Second {
+				t.Errorf("the command stopped %s after the release", elapsed)
+			}
+		})
+	}
+}
