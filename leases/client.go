@@ -38,9 +38,9 @@ type Client struct {
 	mu        sync.Mutex
 	closed    bool
 	held      map[string]*Lease // by name: renewed by the keepalive
-	nextDue   time.Time           // earliest nextRenew the keepalive sleeps towards
-	orphans   []*Lease            // lost at the local deadline; rows to delete
-	queues    map[string]*queue   // waiting acquirers per name
+	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
+	orphans   []*Lease          // lost at the local deadline; rows to delete
+	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
 	listening bool          // listener goroutine started
 	listenOK  bool          // LISTEN is active right now
