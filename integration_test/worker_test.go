@@ -68,7 +68,9 @@ type worker struct {
 	events chan event
 	exited chan struct{} // closed when the process has exited and stdout is drained
 
-	seen []event // every event read so far, in order (only the test's goroutine)
+	// Only the test's goroutine touches these.
+	seen    []event // every event read so far, in order
+	pending []event // read by await but not yet returned
 
 	mu       sync.Mutex
 	output   bytes.Buffer // stdout lines that are not events, and stderr
@@ -149,9 +151,21 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// next returns the worker's next event, failing the test if none comes
-// within timeout or the worker exits. An "error" event fails the test.
+// next returns the worker's next event (one that await skipped first),
+// failing the test if none comes within timeout or the worker exits. An
+// "error" event fails the test.
 func (w *worker) next(timeout time.Duration) event {
+	w.t.Helper()
+	if len(w.pending) > 0 {
+		ev := w.pending[0]
+		w.pending = w.pending[1:]
+		return ev
+	}
+	return w.read(timeout)
+}
+
+// read returns the next event from the process.
+func (w *worker) read(timeout time.Duration) event {
 	w.t.Helper()
 	select {
 	case ev, ok := <-w.events:
@@ -164,20 +178,28 @@ func (w *worker) next(timeout time.Duration) event {
 		}
 		return ev
 	case <-time.After(timeout):
-		w.t.Fatalf("worker %s: no event within %v\n%s", w.id, timeout, w.log())
+		w.t.Fatalf("worker %s: no event within %v\n%s", w.id, timeout, w.dump())
 		return event{}
 	}
 }
 
-// await returns the next event of kind ev, skipping others.
+// await returns the first event of kind ev not yet returned, keeping the
+// others it reads for later calls of next and await.
 func (w *worker) await(ev string, timeout time.Duration) event {
 	w.t.Helper()
+	for i, e := range w.pending {
+		if e.Ev == ev {
+			w.pending = append(w.pending[:i:i], w.pending[i+1:]...)
+			return e
+		}
+	}
 	deadline := time.Now().Add(timeout)
 	for {
-		e := w.next(time.Until(deadline))
+		e := w.read(time.Until(deadline))
 		if e.Ev == ev {
 			return e
 		}
+		w.pending = append(w.pending, e)
 	}
 }
 
@@ -237,6 +259,20 @@ func (w *worker) exitErr() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.waitErr
+}
+
+// dump makes a stuck worker print its goroutines (SIGQUIT) and returns
+// its output, for the failure message.
+func (w *worker) dump() string {
+	w.mu.Lock()
+	w.signaled = true
+	w.mu.Unlock()
+	_ = w.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-w.exited:
+	case <-time.After(5 * time.Second):
+	}
+	return w.log()
 }
 
 func (w *worker) log() string {
