@@ -1,3 +1,136 @@
 // Package fencing makes stale lock holders harmless: PostgreSQL itself
 // rejects writes to protected rows that carry an outdated fence.
+//
+// # The problem
+//
+// A lock or lease alone cannot stop a holder that does not know it has lost.
+// Kleppmann's example: client A acquires a lease, then stalls — a long GC
+// pause, SIGSTOP, a swapped-out VM — for longer than the TTL. The lease
+// expires, client B acquires it and starts writing. A wakes up, still
+// believing it holds the lease, and writes too. No amount of checking on
+// A's side closes this gap: A can be paused between its check and its
+// write. Only the resource can refuse A's write, and only if every write
+// carries proof of which grant it was made under.
+//
+// # The token
+//
+// That proof is a Token: the fence of a lease grant, and the lease's name.
+// Every grant of every lease takes a new value from the sequence
+// pgfence.fence_seq, so a later holder always carries a higher fence
+// (leases.Lease.Token returns it). A transaction declares its token with
+// Begin or InTx, which run
+//
+//	SELECT set_config('pgfence.fence', $1, true), set_config('pgfence.lease', $2, true)
+//
+// so the declaration lasts exactly as long as the transaction.
+//
+// # The guard
+//
+// Protect installs pgfence.fence_guard on a table with a `fence bigint`
+// column. For every INSERT, UPDATE and DELETE of a row (COPY FROM and
+// INSERT … ON CONFLICT included — they fire row triggers) the guard
+//
+//	(a) rejects the write if the transaction declares no token (PF002, ErrNoToken);
+//	(b) rejects a token lower than the fence stored in the row (PF001, ErrStale);
+//	(c) when the token names a lease, rejects it unless it is that lease's
+//	    current fence and unexpired by the database clock (PF001), and
+//	    holds a share lock on the lease row (FOR SHARE) until the
+//	    transaction ends;
+//	(d) stores the token's fence in the row, whatever the write set it to.
+//
+// TRUNCATE fires no row triggers, so Protect also installs the guard as a
+// BEFORE TRUNCATE statement trigger: it applies (a), (c), and (b) against the
+// highest fence in the table.
+//
+// Rule (b) alone stops A once B has written the row; rule (c) also stops A
+// when it writes first — in the window after its lease expired but before
+// B's first write — and for rows B never touches. A token without a lease
+// name (a fence-only token) gets (a), (b) and (d) only.
+//
+// # The share lock
+//
+// Rule (c) checks the lease at the moment of the write, but the transaction
+// commits later. The share lock closes that window: granting the lease to
+// someone else (the leases package's INSERT … ON CONFLICT DO UPDATE), renewing
+// it, force-releasing it (UPDATE or DELETE) all need a row lock that conflicts
+// with FOR SHARE, so they wait until the fenced transaction ends. Either the
+// transaction commits before the next grant — and the next holder, reading
+// after its grant, sees its writes — or the grant came first, and READ
+// COMMITTED re-checks the new lease row version, finds another fence, and
+// rejects the write. Never both. Under REPEATABLE READ or SERIALIZABLE a
+// concurrent change to the lease row can surface as a serialization failure
+// (SQLSTATE 40001) instead of PF001; the write does not commit either way.
+//
+// The cost of this: while a fenced transaction is open, its lease cannot be
+// renewed, released or taken over. Keep fenced transactions short compared
+// with the lease's TTL — a transaction that outlives the holder's local
+// deadline makes the holder give the lease up (safely: its writes commit
+// before anyone else is granted the lease, or are rejected).
+//
+// # Errors
+//
+// InTx maps a PF001 rejection, from fn or from COMMIT, to a *StaleError:
+// errors.Is(err, ErrStale) is true, and errors.As still finds the
+// *pgconn.PgError, whose Message says which rule fired. IsStale recognises
+// both that and a raw PF001 *pgconn.PgError (from Begin's transaction or
+// plain SQL). A missing or malformed token is PF002: ErrNoToken, IsNoToken —
+// a programming error, not a lost lease, so IsStale is false for it. Once a
+// holder sees ErrStale it has lost: the same token will never be accepted
+// again. Stop, and let the current holder do the work.
+//
+// # What is guaranteed, and where
+//
+// For rows in this PostgreSQL database, in protected tables: a write made
+// under a stale token does not commit, however long its author was paused.
+// The database clock judges expiry; no clock of any client matters.
+//
+// For anything outside this database — an object store, a payment API,
+// another database — nothing here helps by itself. Pass the fence along and
+// make the external system reject writes whose fence is lower than the
+// highest it has seen (a conditional write, a version column), or make the
+// effect idempotent.
+//
+// # Without triggers
+//
+// Users who cannot install triggers can guard each statement themselves. The
+// row comparison, rule (b) (zero rows affected means stale, or no such row):
+//
+//	UPDATE accounts SET balance = $2, fence = $3
+//	 WHERE id = $1 AND fence <= $3
+//
+// That alone does not stop a stale holder that writes before its successor
+// does. Adding rule (c) and its share lock:
+//
+//	WITH lease AS (
+//	    SELECT 1 FROM pgfence.leases
+//	     WHERE name = $4 AND fence = $3 AND expires_at > clock_timestamp()
+//	       FOR SHARE
+//	)
+//	UPDATE accounts SET balance = $2, fence = $3
+//	 WHERE id = $1 AND fence <= $3 AND EXISTS (SELECT FROM lease)
+//
+// Every write must be written this way; the guard exists so that forgetting
+// one is an error rather than a silent hole.
+//
+// # Residual risks
+//
+//   - Triggers can be switched off. The table's owner or a superuser can
+//     ALTER TABLE … DISABLE TRIGGER; a superuser can SET
+//     session_replication_role = replica, under which ordinary triggers do
+//     not fire (logical replication's apply worker and
+//     pg_dump --disable-triggers restores run that way). To guard even
+//     then, ALTER TABLE … ENABLE ALWAYS TRIGGER pgfence_guard — which also
+//     makes the guard reject replicated writes on a logical-replication
+//     subscriber, so decide per table.
+//   - A session-level SET pgfence.fence = … (not SET LOCAL) declares a token
+//     for every later transaction of that session, satisfying (a); (b) and
+//     (c) still apply to it.
+//   - A fence-only token cannot detect a stale holder that writes before its
+//     successor has written the same row.
+//   - Fences are only as durable as the database: after a failover to an
+//     asynchronous replica, recent grants and fenced writes can be lost.
+//   - The guard runs with the writer's privileges. Writers presenting lease
+//     tokens need USAGE on schema pgfence and SELECT and UPDATE on
+//     pgfence.leases (FOR SHARE requires UPDATE privilege); without them the
+//     write fails with a permission error (42501) — it is never let through.
 package fencing
