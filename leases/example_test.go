@@ -1,0 +1,81 @@
+package leases_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/pgfence/pgfence/leases"
+)
+
+// Run a job on exactly one of N replicas: every replica calls Run; one
+// runs the job while the others wait (or use TryAcquire to skip).
+func ExampleClient_Run() {
+	pool, done := examplePool() // your *pgxpool.Pool
+	defer done()
+	client, err := leases.New(pool, leases.WithOwner("billing-worker"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	ctx := context.Background()
+	err = client.Run(ctx, "billing/nightly-invoices", 30*time.Second, func(ctx context.Context, l *leases.Lease) error {
+		// ctx ends if the lease is lost: check it before every effect, and
+		// pass l.Token() with writes to fenced tables.
+		fmt.Println("invoicing under lease", l.Name())
+		return ctx.Err()
+	})
+	fmt.Println("done:", err)
+	// Output:
+	// invoicing under lease billing/nightly-invoices
+	// done: <nil>
+}
+
+// TryAcquire does not wait: a held lease gives ErrHeld, naming the holder.
+func ExampleClient_TryAcquire() {
+	pool, done := examplePool()
+	defer done()
+	a, _ := leases.New(pool, leases.WithOwner("replica-a"))
+	defer a.Close()
+	b, _ := leases.New(pool, leases.WithOwner("replica-b"))
+	defer b.Close()
+
+	ctx := context.Background()
+	l, err := a.TryAcquire(ctx, "reports/export", time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+
+	_, err = b.TryAcquire(ctx, "reports/export", time.Minute)
+	var held *leases.HeldError
+	if errors.As(err, &held) {
+		fmt.Println("held:", errors.Is(err, leases.ErrHeld), "same fence:", held.Holder.Fence == l.Fence())
+	}
+	// Output:
+	// held: true same fence: true
+}
+
+// Lead elects one leader among replicas. fn runs while this replica leads;
+// its context ends when leadership ends, and Lead campaigns again.
+func ExampleClient_Lead() {
+	pool, done := examplePool()
+	defer done()
+	client, _ := leases.New(pool, leases.WithOwner("scheduler"))
+	defer client.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	err := client.Lead(ctx, "scheduler/leader", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+		fmt.Println("leading")
+		stop() // here: step down at once; a real leader works until ctx ends
+		<-ctx.Done()
+		return nil
+	})
+	fmt.Println("stepped down:", err)
+	// Output:
+	// leading
+	// stepped down: <nil>
+}
