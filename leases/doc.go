@@ -1,3 +1,137 @@
 // Package leases provides leases with database-clock expiry and fences:
-// for long jobs, leader election and cron on many replicas.
+// for long jobs, leader election and cron on many replicas — the work that
+// must run on exactly one of N processes.
+//
+// A lease is a row in pgfence.leases: a name, the owner of the current
+// grant, the grant's fence, and expires_at. PostgreSQL is the only judge of
+// who holds a lease, and its clock (clock_timestamp()) the only clock that
+// decides expiry; no two machines' clocks are ever compared.
+//
+//	client, err := leases.New(pool, leases.WithOwner("billing"))
+//	...
+//	defer client.Close()
+//	err = client.Run(ctx, "billing/nightly", 30*time.Second,
+//		func(ctx context.Context, l *leases.Lease) error {
+//			return invoice(ctx, l.Token()) // stops when ctx ends
+//		})
+//
+// # State model
+//
+// A grant of a lease moves through these states:
+//
+//	free ──Acquire/TryAcquire──▶ held ──Release──▶ released
+//	                              │
+//	                              ├─ renewal finds no row ──▶ lost
+//	                              └─ local deadline passes ─▶ lost
+//
+// Granting is one statement (INSERT … ON CONFLICT … DO UPDATE … WHERE the
+// old grant has expired … RETURNING): it succeeds when there is no row or
+// the row's expires_at has passed by the database clock. Every grant takes
+// a new fence from pgfence.fence_seq, so fences strictly increase across
+// grants, releases, expiries, force-releases and server restarts. Every
+// grant also gets a new owner: the client's prefix (WithOwner) plus a
+// random suffix, so that a renewal or release can only ever match the
+// exact grant — (name, owner, fence) — it was made for. "No row" means
+// lost, at once.
+//
+// A Lease's Context is cancelled, with a cause, when it leaves "held":
+// the cause wraps ErrReleased after Release (and Close), ErrLost otherwise.
+// A lost or released Lease never becomes held again; acquire anew.
+//
+// # The deadline rule
+//
+// The client stops trusting a lease at its local deadline:
+//
+//	deadline = start of the last successful grant/renew request + TTL − margin
+//
+// measured on the monotonic clock of the holder, where margin is TTL/10
+// (100ms for the minimum TTL of 1s). The server computed expires_at as its
+// clock at some moment after that request started, plus the TTL; so the
+// deadline falls strictly before expires_at, by at least the margin, with
+// no assumption about the two clocks except that they run at about the same
+// rate (the margin absorbs rate drift and timer lateness). A renewal
+// response that arrives after the deadline does not revive the lease.
+//
+// Hence guarantee: the holder's context is cancelled before anyone else can
+// be granted the lease by expiry.
+//
+// # What Context() means for your work
+//
+// Do the lease's work under Lease.Context (Run and Lead hand it to fn).
+// While it is not done, no other owner holds the lease, as long as this
+// process is not paused: a process stopped (GC pause, SIGSTOP, a VM
+// migration) longer than the margin may resume with a context that has not
+// yet been cancelled although the lease has expired and been granted to
+// someone else. No timeout can close that gap; fences do. Pass Token() with
+// every write to a protected table (package fencing) so that PostgreSQL
+// rejects a stale holder's writes, and have external systems compare
+// fences. Check the context before every externally visible effect, and
+// make effects idempotent.
+//
+// # Keepalive
+//
+// Each Client runs one keepalive goroutine, whatever the number of leases.
+// A lease is due for renewal TTL/3 after its last successful request
+// started; the keepalive renews every lease due within the next TTL/12 in
+// one batched statement, so leases coalesce into a few statements per
+// period. Rows that are locked at that moment (a fenced transaction of the
+// holder holds a share lock on its lease row) are skipped and retried
+// shortly, so one busy lease cannot delay the others. A renewal that finds
+// no row loses that lease at once; a failed statement (network, restart)
+// is retried with backoff from 25ms to 1s until each lease's own deadline
+// timer fires. Lease.Renew renews one lease on demand.
+//
+// # Hand-over
+//
+// Release deletes the grant and sends NOTIFY pgfence_leases (payload: the
+// name) in the same statement. Waiting acquirers listen on one dedicated
+// connection per Client (taken from the pool and hijacked, started when
+// something first waits, observes or leads), so a waiter on another
+// replica holds the lease about one round trip after the release. Within
+// one Client, waiters on a name queue up and only the head attempts, so a
+// release costs one attempt per Client, not one per waiter; a release by
+// the same Client wakes the head directly. A waiter also wakes just after
+// the holder's expires_at (computed by the server as a remaining duration),
+// and polls at WithPollInterval (jittered), backing off from 50ms while no
+// listener works — behind a transaction-mode pooler, where LISTEN fails,
+// waiters simply poll.
+//
+// # Leader election
+//
+// Lead campaigns for a lease, runs fn while leader, and after losing the
+// lease campaigns again, until its context ends; then it releases. At most
+// one candidate is leader at a time as judged by PostgreSQL, and a leader's
+// fn context ends at its local deadline, before another can be granted the
+// lease by expiry. Lead keeps a listener, so a leader also notices at once
+// when its lease is released under it.
+//
+// # Failure handling
+//
+//   - PostgreSQL unreachable: renewals are retried until the local deadline,
+//     then the lease is lost; its row expires by itself. Acquire returns
+//     the error; Lead logs it and retries with backoff.
+//   - Holder crashed: nothing renews the row; it expires after at most the
+//     TTL and a waiter is woken at that moment.
+//   - Holder paused past its TTL: its context may still look alive when it
+//     resumes; its renewals fail ("no row") and fences reject its writes.
+//   - ForceRelease (the operator's break-glass) deletes the grant now and
+//     notifies. PostgreSQL may grant the lease again at once, while the old
+//     holder learns at its next renewal (TTL/3 at most; about a round trip
+//     if its client has a listener, as Lead's does). During that window
+//     only fences protect: use it when the holder is stuck, not as a
+//     routine hand-over.
+//   - Lease lost at the local deadline: the client deletes the row it may
+//     still own, so that waiters need not wait for the margin to pass.
+//   - Missing schema: errors say "schema pgfence not found: run `pgfence
+//     migrate up`".
+//   - Close releases every held lease (one statement, 5s bound), makes
+//     waiting Acquire calls return ErrClosed, closes Observe channels, and
+//     returns once every goroutine of the Client has exited.
+//
+// # Names
+//
+// A lease name is 1 to 200 bytes of UTF-8 without NUL. Names are global to
+// the database: prefix them with the application ("billing/nightly",
+// "search/indexer-leader"). Bad input — a bad name, a TTL under 1s, a bad
+// option — returns an error naming the setting and writes nothing.
 package leases
