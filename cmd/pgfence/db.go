@@ -126,7 +126,11 @@ const (
 	sqlstateInvalidSchemaName = "3F000"
 	sqlstateUndefinedTable    = "42P01"
 	sqlstateUndefinedFunction = "42883"
+	sqlstateInsufficientPriv  = "42501"
 )
+
+// errPrivileges is the hint for a role that may not use the pgfence schema.
+var errPrivileges = errors.New("the role lacks privileges on schema pgfence: grant it USAGE on the schema, SELECT/INSERT/UPDATE/DELETE on pgfence.leases and USAGE/UPDATE on pgfence.fence_seq (see the README's operator's guide)")
 
 // errNotMigrated is the hint for a database without the pgfence schema.
 var errNotMigrated = errors.New("the pgfence schema is missing from this database: run `pgfence migrate up`")
@@ -136,7 +140,7 @@ var errNotMigrated = errors.New("the pgfence schema is missing from this databas
 func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	var present bool
 	if err := pool.QueryRow(ctx, sqlSchemaPresent).Scan(&present); err != nil {
-		return fmt.Errorf("check for the pgfence schema: %w", err)
+		return schemaHint(fmt.Errorf("check for the pgfence schema: %w", err))
 	}
 	if !present {
 		return errNotMigrated
@@ -145,13 +149,17 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // schemaHint adds "run pgfence migrate up" to errors that say an object of
-// the pgfence schema does not exist (read by SQLSTATE).
+// the pgfence schema does not exist, and the grants to errors that say the
+// role may not use it (read by SQLSTATE). It is for the command's own SQL:
+// the leases package adds the same hints to its errors.
 func schemaHint(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case sqlstateInvalidSchemaName, sqlstateUndefinedTable, sqlstateUndefinedFunction:
 			return fmt.Errorf("%w (%w)", errNotMigrated, err)
+		case sqlstateInsufficientPriv:
+			return fmt.Errorf("%w (%w)", errPrivileges, err)
 		}
 	}
 	return err

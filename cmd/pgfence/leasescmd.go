@@ -37,7 +37,7 @@ acquirer takes it with a higher fence.`,
 			return withLeases(ctx, g, "pgfence leases", func(ctx context.Context, lc *leases.Client, now time.Time) error {
 				infos, err := lc.List(ctx)
 				if err != nil {
-					return schemaHint(fmt.Errorf("list leases: %w", err))
+					return fmt.Errorf("list leases: %w", err)
 				}
 				rows := make([]leaseRow, 0, len(infos))
 				for _, in := range infos {
@@ -78,13 +78,13 @@ be running until it notices — at most about a third of its TTL. Requires
 			return withLeases(ctx, g, "pgfence leases release", func(ctx context.Context, lc *leases.Client, now time.Time) error {
 				before, err := lc.Get(ctx, name)
 				if err != nil && !errors.Is(err, leases.ErrNotHeld) {
-					return schemaHint(fmt.Errorf("read lease %q: %w", name, err))
+					return fmt.Errorf("read lease %q: %w", name, err)
 				}
 				if err := lc.ForceRelease(ctx, name); err != nil {
 					if errors.Is(err, leases.ErrNotHeld) {
 						return fmt.Errorf("lease %q is not held (no such lease, or it has already expired): nothing to release; see 'pgfence leases ls'", name)
 					}
-					return schemaHint(fmt.Errorf("force-release lease %q: %w", name, err))
+					return fmt.Errorf("force-release lease %q: %w", name, err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "released lease %q (was held by %s, fence %d); its holder's next renewal fails and the next grant gets a higher fence\n",
 					name, orDash(before.Owner), before.Fence)

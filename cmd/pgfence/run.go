@@ -226,7 +226,7 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 			return nil, &exitError{code: exitHeld, err: fmt.Errorf("lease %q is held by %s (fence %d, expires in %s)",
 				o.lease, he.Holder.Owner, he.Holder.Fence, expiresIn(ctx, pool, he.Holder.ExpiresAt))}
 		}
-		return nil, schemaHint(fmt.Errorf("acquire lease %q: %w", o.lease, err))
+		return nil, fmt.Errorf("acquire lease %q: %w", o.lease, err)
 	}
 	return &held{
 		what: fmt.Sprintf("lease %q (fence %d)", l.Name(), l.Fence()),
