@@ -115,7 +115,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if errors.Is(err, errNoRows) {
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
 		l.c.lose(l, lost, false)
-		return lost
+		return l.Err() // lost, or released meanwhile
 	}
 	if err != nil {
 		return dbError(fmt.Sprintf("renew %q", l.name), err)
