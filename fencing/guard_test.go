@@ -303,3 +303,37 @@ func TestInTxRollsBack(t *testing.T) {
 		t.Fatal("a rolled-back write is visible")
 	}
 }
+
+// TestPartitioned: protecting a partitioned table guards its partitions,
+// including TRUNCATE of a partition directly; a partition added later gets the
+// row guard at once and the TRUNCATE guard when Protect runs again.
+func TestPartitioned(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	mustExec(t, pool, `CREATE TABLE parts (id int, fence bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id)`)
+	mustExec(t, pool, `CREATE TABLE parts_1 PARTITION OF parts FOR VALUES FROM (0) TO (100)`)
+	if err := fencing.Protect(bg, pool, "parts"); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`INSERT INTO parts VALUES (1)`,
+		`INSERT INTO parts_1 VALUES (1)`,
+		`TRUNCATE parts`,
+		`TRUNCATE parts_1`,
+	} {
+		_, err := pool.Exec(bg, sql)
+		wantNoToken(t, err)
+	}
+	mustExec(t, pool, `CREATE TABLE parts_2 PARTITION OF parts FOR VALUES FROM (100) TO (200)`)
+	_, err := pool.Exec(bg, `INSERT INTO parts_2 VALUES (101)`)
+	wantNoToken(t, err)
+	if err := fencing.Protect(bg, pool, "parts"); err != nil {
+		t.Fatalf("Protect again after adding a partition: %v", err)
+	}
+	_, err = pool.Exec(bg, `TRUNCATE parts_2`)
+	wantNoToken(t, err)
+	// Protecting a partition of a protected table directly is harmless.
+	if err := fencing.Protect(bg, pool, "parts_1"); err != nil {
+		t.Fatalf("Protect a partition: %v", err)
+	}
+}

@@ -42,6 +42,11 @@ var ErrInvalidTable = errors.New("fencing: invalid table name")
 // run), 42703 (no fence column), 42804 (fence is not bigint), 42809 (not a
 // table), 42501 (not the table's owner). On error nothing changed.
 //
+// On a partitioned table the row trigger reaches every partition, present
+// and future; the TRUNCATE trigger is installed on the partitions that exist,
+// so run Protect again after adding a partition (a direct TRUNCATE of a
+// partition added since is otherwise unguarded).
+//
 // Protect is safe to repeat: it replaces the triggers. It needs a role that
 // owns the table; ctx bounds the single statement it runs.
 func Protect(ctx context.Context, db DB, table string) error {

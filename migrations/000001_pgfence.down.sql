@@ -12,6 +12,7 @@ BEGIN
         SELECT tg.tgname, tg.tgrelid::regclass AS tbl
           FROM pg_trigger AS tg
          WHERE tg.tgfoid = 'pgfence.fence_guard()'::regprocedure
+           AND tg.tgparentid = 0 -- a partition's clone goes with its parent's trigger
     LOOP
         EXECUTE format('DROP TRIGGER %I ON %s', t.tgname, t.tbl);
     END LOOP;

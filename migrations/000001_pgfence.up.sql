@@ -146,6 +146,10 @@ $$;
 -- fence column is bigint: a BEFORE row trigger for INSERT, UPDATE and DELETE
 -- (pgfence_guard) and a BEFORE statement trigger for TRUNCATE
 -- (pgfence_guard_truncate). Safe to repeat: it replaces both triggers.
+-- On a partitioned table the row trigger is cloned to every partition,
+-- present and future, but a statement trigger is not, and TRUNCATE of a
+-- partition fires only the partition's own: so the TRUNCATE trigger is also
+-- installed on every existing partition. Protect again after adding one.
 CREATE FUNCTION pgfence.protect(tbl regclass, fence_column name DEFAULT 'fence') RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -153,6 +157,7 @@ AS $$
 DECLARE
     kind "char";
     typ  oid;
+    part regclass;
 BEGIN
     SELECT c.relkind INTO kind FROM pg_class AS c WHERE c.oid = tbl;
     IF kind NOT IN ('r', 'p') THEN
@@ -178,10 +183,17 @@ BEGIN
             MESSAGE = format('pgfence.protect: column %I of %s is %s, want bigint', fence_column, tbl, typ::regtype),
             HINT    = format('ALTER TABLE %s ALTER COLUMN %I TYPE bigint', tbl, fence_column);
     END IF;
-    EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                   'FOR EACH ROW EXECUTE FUNCTION pgfence.fence_guard(%L)', tbl, fence_column);
-    EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION pgfence.fence_guard(%L)', tbl, fence_column);
+    -- A partition of a protected table already has the row trigger, cloned
+    -- from its parent (and it cannot be replaced there).
+    IF NOT EXISTS (SELECT FROM pg_trigger AS t
+                    WHERE t.tgrelid = tbl AND t.tgname = 'pgfence_guard' AND t.tgparentid <> 0) THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION pgfence.fence_guard(%L)', tbl, fence_column);
+    END IF;
+    FOR part IN SELECT tbl UNION SELECT p.relid FROM pg_partition_tree(tbl) AS p LOOP
+        EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION pgfence.fence_guard(%L)', part, fence_column);
+    END LOOP;
 END
 $$;
 
