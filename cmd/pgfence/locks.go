@@ -36,7 +36,8 @@ with 'pgfence locks key NAME'. PostgreSQL does not record when a lock was
 granted: SINCE is the wait start (pg_locks.waitstart, PostgreSQL 14+) for a
 waiter, and for a holder the session's last state change
 (pg_stat_activity.state_change) — for an idle session the lock has been held
-at least that long. Locks taken with the two-int4 form are not listed.
+at least that long (pglock's liveness probe resets it about every second);
+--json adds backend_start, when the session began: the lock is no older. Locks taken with the two-int4 form are not listed.
 
 To break a lock, end its session: SELECT pg_terminate_backend(PID);
 a pglock holder notices within about a second (Lock.Done).`,
@@ -94,6 +95,8 @@ type lockRow struct {
 	ApplicationName string     `json:"application_name"`
 	ClientAddr      string     `json:"client_addr"` // empty for a Unix-socket session
 	State           string     `json:"state"`       // pg_stat_activity.state
+	// BackendStart is when the session started: the lock is no older.
+	BackendStart *time.Time `json:"backend_start"`
 }
 
 func listLocks(ctx context.Context, pool *pgxpool.Pool) ([]lockRow, error) {
@@ -114,7 +117,7 @@ func listLocks(ctx context.Context, pool *pgxpool.Pool) ([]lockRow, error) {
 		var r lockRow
 		var now time.Time
 		if err := rows.Scan(&r.Key, &r.Mode, &r.Granted, &r.Since, &r.SinceSource, &r.PID,
-			&r.ApplicationName, &r.ClientAddr, &r.State, &now); err != nil {
+			&r.ApplicationName, &r.ClientAddr, &r.State, &r.BackendStart, &now); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read advisory locks: %w", err)
 		}

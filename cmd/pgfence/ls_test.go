@@ -139,6 +139,9 @@ func TestLocksLsAndKey(t *testing.T) {
 	if g.Key != key || !g.Granted || g.Mode != "ExclusiveLock" || g.SinceSource != "state_change" || g.ApplicationName != "pgfence run" || g.PID == 0 {
 		t.Errorf("holder row %+v", g)
 	}
+	if g.BackendStart == nil || g.Since == nil || g.BackendStart.After(*g.Since) {
+		t.Errorf("holder's session start %v is not before its since %v", g.BackendStart, g.Since)
+	}
 	if w.Key != key || w.Granted || w.SinceSource != "waitstart" || w.Since == nil || w.PID == g.PID {
 		t.Errorf("waiter row %+v", w)
 	}

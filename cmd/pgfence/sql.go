@@ -18,7 +18,8 @@ const sqlServerVersion = `SELECT current_setting('server_version_num')::int`
 // left out. PostgreSQL does not record when a lock was granted: "since" is
 // pg_locks.waitstart for waiters and pg_stat_activity.state_change for
 // holders (the session's last state change: for an idle session, the lock
-// has been held at least since then). %s is the waitstart expression
+// has been held at least since then; backend_start bounds it from the other
+// side: the lock is no older than its session). %s is the waitstart expression
 // (NULL before PostgreSQL 14).
 const sqlAdvisoryLocks = `
 SELECT (l.classid::bigint << 32) | l.objid::bigint          AS key,
@@ -30,6 +31,7 @@ SELECT (l.classid::bigint << 32) | l.objid::bigint          AS key,
        coalesce(a.application_name, '')                       AS application_name,
        coalesce(host(a.client_addr), '')                      AS client_addr,
        coalesce(a.state, '')                                  AS state,
+       a.backend_start,
        clock_timestamp()                                      AS now
   FROM pg_locks AS l
   LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
