@@ -220,6 +220,13 @@ func (d *demo) run(ctx context.Context, connString string) error {
 				d.failures = append(d.failures, fmt.Sprintf("worker %s: %v", l.p.name, l.err))
 			}
 			d.startAll()
+			if f := d.frozen; f != nil && open == 1 {
+				// Nobody is left to take over: let the frozen worker finish.
+				d.failures = append(d.failures, fmt.Sprintf("no worker took over period %d from the frozen %s", d.pause, f.name))
+				d.goAhead(f)
+				_ = f.cmd.Process.Signal(syscall.SIGCONT)
+				d.frozen = nil
+			}
 			continue
 		}
 		d.handle(l.p, l.ev)

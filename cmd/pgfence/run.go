@@ -204,7 +204,7 @@ func releaseHeld(h *held) {
 // interruptedOr reports an interrupted wait as 128+signal, else err.
 func interruptedOr(sig syscall.Signal, err error) error {
 	if sig != 0 {
-		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted by %v while waiting", sig)}
+		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted (%v) while waiting for the lease or lock; the command did not run", sig)}
 	}
 	return err
 }
