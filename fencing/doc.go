@@ -61,11 +61,12 @@
 // concurrent change to the lease row can surface as a serialization failure
 // (SQLSTATE 40001) instead of PF001; the write does not commit either way.
 //
-// The cost of this: while a fenced transaction is open, its lease cannot be
-// renewed, released or taken over. Keep fenced transactions short compared
-// with the lease's TTL — a transaction that outlives the holder's local
-// deadline makes the holder give the lease up (safely: its writes commit
-// before anyone else is granted the lease, or are rejected).
+// The cost of this: while a fenced transaction is open, its lease row cannot
+// be updated or deleted — renewals are deferred or wait, releases and
+// takeovers wait. Keep fenced transactions short compared with the lease's
+// TTL: expect a transaction that outlasts the holder's local deadline to
+// cost the holder its lease (safely: its writes commit before anyone else is
+// granted the lease, or are rejected).
 //
 // # Errors
 //
