@@ -68,6 +68,11 @@ func takeoverRace(t *testing.T, prepare func(*pgxpool.Pool)) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	t.Cleanup(func() {
+		if n := pool.Stat().AcquiredConns(); n != 0 {
+			t.Errorf("%d connections still acquired at the end of the test", n)
+		}
+	})
 	mustExec(t, pool, createItems)
 	if err := fencing.Protect(bg, pool, "items"); err != nil {
 		t.Fatal(err)
