@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // proxy forwards TCP between a loopback listener and a PostgreSQL server,
@@ -204,5 +206,52 @@ func (p *proxy) pump(l *link, src, dst net.Conn) {
 			l.close()
 			return
 		}
+	}
+}
+
+// TestProxy checks the proxy itself against PostgreSQL: it forwards,
+// Blackhole silences a connection without closing it, Heal lets new
+// connections through, and Cut closes what it forwards.
+func TestProxy(t *testing.T) {
+	t.Parallel()
+	u := setup(t)
+	p := startProxy(t, hostPort(t, u))
+	ctx := ctxT(t, time.Minute)
+	connect := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, p.URL(t, u))
+		if err != nil {
+			t.Fatalf("connect through the proxy: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	c := connect()
+	if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("query through the proxy: %v", err)
+	}
+
+	p.Blackhole()
+	qctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := c.Exec(qctx, "SELECT 1")
+	cancel()
+	if err == nil {
+		t.Fatal("a query through a blackholed proxy answered")
+	}
+	if p.Conns() == 0 {
+		t.Error("Blackhole closed the forwarded connection")
+	}
+
+	p.Heal()
+	c2 := connect()
+	if _, err := c2.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("query after Heal: %v", err)
+	}
+	p.Cut()
+	if _, err := c2.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("a query on a cut connection answered")
+	}
+	if _, err := connect().Exec(ctx, "SELECT 1"); err != nil {
+		t.Errorf("a new connection after Cut: %v", err)
 	}
 }
