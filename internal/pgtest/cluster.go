@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -222,25 +223,64 @@ func (c *Cluster) Kill() error {
 	if c.cmd == nil {
 		return errors.New("pgtest: cluster is not running")
 	}
-	pgid := c.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	pid := c.cmd.Process.Pid
+	// Every PostgreSQL child makes itself a process-group leader, so
+	// signalling the postmaster's group is not enough: kill each child.
+	children := childPids(pid)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for _, ch := range children {
+		_ = syscall.Kill(ch, syscall.SIGKILL)
+	}
 	<-c.exit
 	c.cmd, c.exit = nil, nil
-	return waitGroupGone(pgid)
+	return waitGone(children)
 }
 
-// waitGroupGone waits until no process of process group pgid is left: a
-// killed backend that has not yet exited still holds the shared memory
-// segment, and the next start would refuse to run.
-func waitGroupGone(pgid int) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for syscall.Kill(-pgid, 0) == nil {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pgtest: processes of group %d still alive 10s after SIGKILL", pgid)
+// childPids lists the processes whose parent is ppid, from /proc.
+func childPids(ppid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var pids []int
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
 		}
-		time.Sleep(5 * time.Millisecond) // polling the kernel: there is no event to wait on
+		// pid (comm) state ppid ...; comm may contain spaces and parentheses.
+		rest := string(b[bytes.LastIndexByte(b, ')')+1:])
+		var state string
+		var parent int
+		if _, err := fmt.Sscan(rest, &state, &parent); err == nil && parent == ppid {
+			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// waitGone waits until none of pids is alive (or only a zombie): a killed
+// backend that has not yet exited still holds the shared memory segment, and
+// the next start would refuse to run.
+func waitGone(pids []int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("pgtest: server process %d still alive 10s after SIGKILL", pid)
+			}
+			time.Sleep(5 * time.Millisecond) // polling the kernel: there is no event to wait on
+		}
 	}
 	return nil
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	rest := b[bytes.LastIndexByte(b, ')')+1:]
+	return !bytes.HasPrefix(bytes.TrimSpace(rest), []byte("Z"))
 }
 
 // Pid is the postmaster's process id, or 0 when stopped.
@@ -254,14 +294,13 @@ func (c *Cluster) Pid() int {
 }
 
 func (c *Cluster) stopLocked(sig syscall.Signal) {
+	// The postmaster waits for its children in every shutdown mode, but a
+	// child that was already dying may still be on its way out.
+	children := childPids(c.cmd.Process.Pid)
 	_ = c.cmd.Process.Signal(sig)
 	<-c.exit
-	// Backends of an immediate shutdown exit on their own; make sure none
-	// survives to hold the shared memory segment.
-	pgid := c.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	c.cmd, c.exit = nil, nil
-	_ = waitGroupGone(pgid)
+	_ = waitGone(children)
 }
 
 func (c *Cluster) destroy() error {
