@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/migrations"
 )
@@ -96,7 +96,7 @@ func runDemo(cmd *cobra.Command, g *globals, o demoOptions) error {
 
 	connString := g.connString()
 	if !g.configured() {
-		c, err := pgtest.NewCluster()
+		c, err := pgcluster.New()
 		if err != nil {
 			return fmt.Errorf("no database configured (--database-url, DATABASE_URL or PG* variables), and no throwaway PostgreSQL could be started: %w", err)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -105,9 +106,9 @@ func provisionServer() (*server, error) {
 	} else {
 		reasons = append(reasons, "testcontainers: "+err.Error())
 	}
-	c, err := newCluster()
+	c, err := pgcluster.New()
 	if err == nil {
-		return &server{adminURL: c.URL("postgres"), source: "local binaries (" + c.bin + ")", stop: c.destroy}, nil
+		return &server{adminURL: c.URL("postgres"), source: "local binaries (" + c.BinDir() + ")", stop: c.Close}, nil
 	}
 	reasons = append(reasons, "local binaries: "+err.Error())
 	return nil, fmt.Errorf("%s unset; %s", EnvURL, strings.Join(reasons, "; "))
