@@ -144,11 +144,12 @@ func protectedTable(t *testing.T, pool *pgxpool.Pool, name, columns string) {
 // leaseRow is a lease's row as the database sees it, with the database's
 // clock at the moment of reading.
 type leaseRow struct {
-	Owner     string
-	Fence     int64
-	RenewedAt time.Time
-	ExpiresAt time.Time
-	Now       time.Time
+	Owner      string
+	Fence      int64
+	AcquiredAt time.Time
+	RenewedAt  time.Time
+	ExpiresAt  time.Time
+	Now        time.Time
 }
 
 // live reports whether the grant was unexpired when read.
@@ -158,9 +159,9 @@ func (r leaseRow) live() bool { return r.ExpiresAt.After(r.Now) }
 func readLease(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, name string) (row leaseRow, ok bool, err error) {
-	err = db.QueryRow(ctx, `SELECT owner, fence, renewed_at, expires_at, clock_timestamp()
+	err = db.QueryRow(ctx, `SELECT owner, fence, acquired_at, renewed_at, expires_at, clock_timestamp()
 	                          FROM pgfence.leases WHERE name = $1`, name).
-		Scan(&row.Owner, &row.Fence, &row.RenewedAt, &row.ExpiresAt, &row.Now)
+		Scan(&row.Owner, &row.Fence, &row.AcquiredAt, &row.RenewedAt, &row.ExpiresAt, &row.Now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row, false, nil
 	}
