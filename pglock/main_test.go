@@ -1,0 +1,114 @@
+package pglock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// newPool opens a pool of at most maxConns connections over databaseURL,
+// closed when t ends.
+func newPool(t testing.TB, databaseURL string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		t.Fatalf("parse %s: %v", databaseURL, err)
+	}
+	cfg.MaxConns = maxConns
+	return newPoolConfig(t, cfg)
+}
+
+func newPoolConfig(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("open pool: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		t.Fatalf("ping: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// setup returns a pool over a fresh migrated database and a Locker over it.
+func setup(t testing.TB, opts ...Option) (*pgxpool.Pool, *Locker) {
+	t.Helper()
+	pool := newPool(t, pgtest.URL(t), 8)
+	return pool, New(pool, opts...)
+}
+
+func testContext(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// advisoryLocks counts advisory locks, granted or awaited, in the pool's
+// database, whoever holds them.
+func advisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory'
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+	if err != nil {
+		t.Fatalf("count advisory locks: %v", err)
+	}
+	return n
+}
+
+// backendAlive reports whether backend pid still exists.
+func backendAlive(t testing.TB, pool *pgxpool.Pool, pid uint32) bool {
+	t.Helper()
+	var alive bool
+	err := pool.QueryRow(context.Background(),
+		`SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int32(pid)).Scan(&alive)
+	if err != nil {
+		t.Fatalf("look up backend %d: %v", pid, err)
+	}
+	return alive
+}
+
+// waitFor polls cond until it holds or timeout passes, then fails t with
+// what. It waits on a condition in the database, which has no channel to
+// wait on; the timeout is generous on purpose (shared 2-core machines).
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// assertIdle checks that no connection of pool is checked out.
+func assertIdle(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("pool has %d acquired connections, want 0", n)
+	}
+}
+
+// poolPIDs returns the backend pids of the pool's idle connections.
+func poolPIDs(t testing.TB, pool *pgxpool.Pool) map[uint32]bool {
+	t.Helper()
+	pids := map[uint32]bool{}
+	for _, c := range pool.AcquireAllIdle(context.Background()) {
+		pids[c.Conn().PgConn().PID()] = true
+		c.Release()
+	}
+	return pids
+}

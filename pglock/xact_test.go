@@ -1,0 +1,114 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"testing"
+)
+
+func TestXactLockReleasedAtCommitAndRollback(t *testing.T) {
+	t.Parallel()
+	pool, l := setup(t)
+	ctx := testContext(t)
+
+	for _, end := range []string{"commit", "rollback"} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := XactLock(ctx, tx, "xact"); err != nil {
+			t.Fatalf("XactLock: %v", err)
+		}
+		if _, err := l.TryLock(ctx, "xact"); !errors.Is(err, ErrLocked) {
+			t.Errorf("session TryLock while a transaction holds the name = %v, want ErrLocked", err)
+		}
+		other, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := TryXactLock(ctx, other, "xact"); err != nil || ok {
+			t.Errorf("TryXactLock in another transaction = %v, %v; want false, nil", ok, err)
+		}
+		if err := other.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if end == "commit" {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", end, err)
+		}
+		lk, err := l.TryLock(ctx, "xact")
+		if err != nil {
+			t.Fatalf("TryLock after %s: %v (the transaction lock must be gone)", end, err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := advisoryLocks(t, pool); n != 0 {
+		t.Errorf("advisory locks = %d, want 0", n)
+	}
+	assertIdle(t, pool)
+}
+
+// A session lock held by pglock keeps transaction locks on the same name
+// out, and a waiting XactLock gets in when the session lock is released.
+func TestSessionLockExcludesXactLock(t *testing.T) {
+	t.Parallel()
+	pool, l := setup(t)
+	ctx := testContext(t)
+
+	lk, err := l.Lock(ctx, "mixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if ok, err := TryXactLock(ctx, tx, "mixed"); err != nil || ok {
+		t.Fatalf("TryXactLock while a session holds the name = %v, %v; want false, nil", ok, err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- XactLock(ctx, tx, "mixed") }()
+	waitFor(t, 10*1e9, "XactLock to wait", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+		return n == 1
+	})
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("XactLock after the session lock was released: %v", err)
+	}
+	if _, err := l.TryLock(ctx, "mixed"); !errors.Is(err, ErrLocked) {
+		t.Errorf("TryLock while the transaction holds it = %v, want ErrLocked", err)
+	}
+}
+
+// A cancelled XactLock fails with the context's error.
+func TestXactLockHonoursContext(t *testing.T) {
+	t.Parallel()
+	pool, l := setup(t)
+	ctx := testContext(t)
+	lk, err := l.Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	wctx, cancel := context.WithTimeout(ctx, 100*1e6)
+	defer cancel()
+	if err := XactLock(wctx, tx, "held"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("XactLock with an expiring context = %v, want context.DeadlineExceeded", err)
+	}
+}
