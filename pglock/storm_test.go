@@ -1,0 +1,149 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// Thousands of Lock calls on a few contended names, cancelled at random
+// moments around the grant, must leave no advisory lock behind: not on a
+// pooled connection, and not anywhere in the database once the destroyed
+// sessions have exited.
+//
+// Each round of each name: a holder takes the lock, four waiters queue
+// behind it in PostgreSQL, then the holder releases at T and each waiter
+// is cancelled at T+δ, δ uniform in ±1ms — so cancellations fall before,
+// during and just after the hand-over, including at the grant itself.
+func TestCancelStormLeavesNoLock(t *testing.T) {
+	t.Parallel()
+	rounds := 134 // 3 names x 134 rounds x (1 holder + 4 waiters) = 2010 Lock calls
+	if testing.Short() {
+		rounds = 40
+	}
+	names := []string{"storm/a", "storm/b", "storm/c"}
+	const waiters = 4
+	pool := newPool(t, pgtest.URL(t), int32(len(names)*(waiters+2)+1))
+	l := New(pool)
+	ctx := testContext(t)
+
+	var st stormStats
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, name := range names {
+		wg.Go(func() { storm(t, ctx, l, pool, name, uint64(i), rounds, waiters, &st) })
+	}
+	wg.Wait()
+	t.Logf("%d Lock calls in %v: %d waiters granted, %d cancelled; the pool opened %d connections (one per destroyed connection, plus its first)",
+		st.calls.Load(), time.Since(start).Round(time.Millisecond), st.granted.Load(), st.cancelled.Load(), pool.Stat().NewConnsCount())
+	if t.Failed() {
+		return
+	}
+	if st.granted.Load() == 0 || st.cancelled.Load() == 0 {
+		t.Errorf("the storm must both grant and cancel waiters; got %d granted, %d cancelled", st.granted.Load(), st.cancelled.Load())
+	}
+	assertIdle(t, pool)
+
+	// No pooled connection holds or awaits an advisory lock, right now.
+	conns := pool.AcquireAllIdle(ctx)
+	for _, c := range conns {
+		var n int
+		err := c.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&n)
+		if err != nil {
+			t.Errorf("count locks of pooled backend: %v", err)
+		} else if n != 0 {
+			t.Errorf("pooled backend %d holds %d advisory locks", c.Conn().PgConn().PID(), n)
+		}
+		c.Release()
+	}
+	// Destroyed sessions exit once the server reads their closed socket;
+	// after that, nothing in the database holds an advisory lock.
+	waitFor(t, 15*time.Second, "no advisory lock in the database", func() bool { return advisoryLocks(t, pool) == 0 })
+}
+
+type stormStats struct {
+	calls, granted, cancelled atomic.Int64
+}
+
+func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, name string, seed uint64, rounds, waiters int, st *stormStats) {
+	rng := rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))
+	observer, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Errorf("observer: %v", err)
+		return
+	}
+	defer observer.Release()
+	k := uint64(Key(name))
+	var inside atomic.Int64 // holders of name right now, by our count
+
+	for range rounds {
+		hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+		holder, err := l.Lock(hctx, name)
+		hcancel()
+		st.calls.Add(1)
+		if err != nil {
+			t.Errorf("holder Lock: %v (did a lock leak in the previous round?)", err)
+			return
+		}
+		inside.Add(1)
+		results := make(chan error, waiters)
+		cancels := make([]context.CancelFunc, waiters)
+		for i := range waiters {
+			wctx, cancel := context.WithCancel(ctx)
+			cancels[i] = cancel
+			go func() {
+				lk, err := l.Lock(wctx, name)
+				if err != nil {
+					results <- err
+					return
+				}
+				if inside.Add(1) != 1 {
+					t.Errorf("two holders of %s at once", name)
+				}
+				inside.Add(-1)
+				results <- lk.Unlock(ctx)
+			}()
+		}
+		st.calls.Add(int64(waiters))
+		waitFor(t, 10*time.Second, "the waiters to queue", func() bool {
+			var n int
+			_ = observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+				AND classid::bigint = $1 AND objid::bigint = $2`, int64(k>>32), int64(uint32(k))).Scan(&n)
+			return n == waiters
+		})
+		var timers []*time.Timer
+		for _, cancel := range cancels {
+			timers = append(timers, time.AfterFunc(time.Duration(rng.IntN(2000))*time.Microsecond, cancel))
+		}
+		time.Sleep(time.Millisecond) // T: the release, in the middle of the cancellations
+		inside.Add(-1)
+		if err := holder.Unlock(ctx); err != nil {
+			t.Errorf("holder Unlock: %v", err)
+		}
+		for range waiters {
+			switch err := <-results; {
+			case err == nil:
+				st.granted.Add(1)
+			case errors.Is(err, context.Canceled):
+				st.cancelled.Add(1)
+			default:
+				t.Errorf("waiter: %v", err)
+			}
+		}
+		for i, tm := range timers {
+			tm.Stop()
+			cancels[i]()
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
