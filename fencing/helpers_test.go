@@ -59,7 +59,7 @@ func setup(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("Protect: %v", err)
 	}
 	t.Cleanup(func() {
-		if n := pool.Stat().AcquiredConns(); n != 0 {
+		if n := pgtest.Acquired(pool); n != 0 {
 			t.Errorf("%d connections still acquired at the end of the test", n)
 		}
 	})

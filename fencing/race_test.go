@@ -69,7 +69,7 @@ func takeoverRace(t *testing.T, prepare func(*pgxpool.Pool)) {
 	}
 	t.Cleanup(pool.Close)
 	t.Cleanup(func() {
-		if n := pool.Stat().AcquiredConns(); n != 0 {
+		if n := pgtest.Acquired(pool); n != 0 {
 			t.Errorf("%d connections still acquired at the end of the test", n)
 		}
 	})

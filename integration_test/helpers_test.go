@@ -47,7 +47,7 @@ func newPool(t *testing.T, u, app string, opts ...func(*pgxpool.Config)) *pgxpoo
 	}
 	t.Cleanup(func() {
 		defer pool.Close()
-		if n := pool.Stat().AcquiredConns(); n != 0 {
+		if n := pgtest.Acquired(pool); n != 0 {
 			t.Errorf("pool %s: %d connections still acquired at the end of the test", app, n)
 		}
 	})

@@ -35,7 +35,7 @@ func newClient(t *testing.T, pool *pgxpool.Pool, opts ...Option) *Client {
 		if err := c.Close(); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		if n := pool.Stat().AcquiredConns(); n != 0 {
+		if n := pgtest.Acquired(pool); n != 0 {
 			t.Errorf("after Close: %d connections still acquired from the pool", n)
 		}
 	})

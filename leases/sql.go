@@ -16,13 +16,28 @@ const notifyChannel = "pgfence_leases"
 // snapshot there is no row at all, and the caller looks again).
 // remaining_us is the time to the described grant's expiry, server clock.
 //
-// nextval is evaluated even when the row conflicts and is not granted:
-// fences only need to increase, not to be dense.
+// A grant that is live in the snapshot is answered from the snapshot
+// without touching the row: INSERT … ON CONFLICT DO UPDATE locks the
+// conflicting row before it evaluates its WHERE, and a holder inside a
+// fenced transaction keeps a share lock on its lease row (fence_guard), so
+// attempting the upsert on a live lease would wait for the holder's
+// transaction instead of answering "held". Only a grant that is expired
+// (or absent) in the snapshot is upserted — and then waiting for an
+// in-flight fenced transaction is exactly right: it commits before the
+// takeover or is rejected.
+//
+// nextval is evaluated only when the upsert is attempted; fences only need
+// to increase, not to be dense.
 const sqlGrant = `
-WITH granted AS (
+WITH cur AS (
+    SELECT c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at
+      FROM pgfence.leases AS c
+     WHERE c.name = $1
+), granted AS (
     INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at)
-    VALUES ($1, $2, nextval('pgfence.fence_seq'), clock_timestamp(), clock_timestamp(),
-            clock_timestamp() + $3::bigint * interval '1 microsecond')
+    SELECT $1, $2, nextval('pgfence.fence_seq'), clock_timestamp(), clock_timestamp(),
+           clock_timestamp() + $3::bigint * interval '1 microsecond'
+     WHERE NOT EXISTS (SELECT FROM cur WHERE cur.expires_at > clock_timestamp())
     ON CONFLICT (name) DO UPDATE
        SET owner       = EXCLUDED.owner,
            fence       = EXCLUDED.fence,
@@ -39,8 +54,8 @@ SELECT true, g.owner, g.fence, g.acquired_at, g.renewed_at, g.expires_at,
 UNION ALL
 SELECT false, h.owner, h.fence, h.acquired_at, h.renewed_at, h.expires_at,
        (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000000)::bigint
-  FROM pgfence.leases AS h
- WHERE h.name = $1 AND NOT EXISTS (SELECT FROM granted)`
+  FROM cur AS h
+ WHERE NOT EXISTS (SELECT FROM granted)`
 
 // sqlRenewBatch renews many grants in one statement (the keepalive's tick).
 // Rows locked by someone else — a fenced transaction of the holder holds a
