@@ -93,13 +93,13 @@ func TestHostileInput(t *testing.T) {
 		})
 		// leases exports no sentinel for bad input: the message must name
 		// the setting.
-		add("leases.Acquire"+tag, nil, "name", func(ctx context.Context) error { _, err := client.Acquire(ctx, n, time.Second); return err })
-		add("leases.TryAcquire"+tag, nil, "name", func(ctx context.Context) error { _, err := client.TryAcquire(ctx, n, time.Second); return err })
-		add("leases.Run"+tag, nil, "name", func(ctx context.Context) error { return client.Run(ctx, n, time.Second, leaseFn) })
-		add("leases.Lead"+tag, nil, "name", func(ctx context.Context) error { return client.Lead(ctx, n, time.Second, leaseFn) })
-		add("leases.Observe"+tag, nil, "name", func(ctx context.Context) error { _, err := client.Observe(ctx, n); return err })
-		add("leases.Get"+tag, nil, "name", func(ctx context.Context) error { _, err := client.Get(ctx, n); return err })
-		add("leases.ForceRelease"+tag, nil, "name", func(ctx context.Context) error { return client.ForceRelease(ctx, n) })
+		add("leases.Acquire"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { _, err := client.Acquire(ctx, n, time.Second); return err })
+		add("leases.TryAcquire"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { _, err := client.TryAcquire(ctx, n, time.Second); return err })
+		add("leases.Run"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { return client.Run(ctx, n, time.Second, leaseFn) })
+		add("leases.Lead"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { return client.Lead(ctx, n, time.Second, leaseFn) })
+		add("leases.Observe"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { _, err := client.Observe(ctx, n); return err })
+		add("leases.Get"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { _, err := client.Get(ctx, n); return err })
+		add("leases.ForceRelease"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { return client.ForceRelease(ctx, n) })
 		// As a table name: the empty, too long and NUL names are refused
 		// before anything is sent; the server refuses invalid UTF-8.
 		var wantTable error = fencing.ErrInvalidTable
@@ -120,10 +120,10 @@ func TestHostileInput(t *testing.T) {
 
 	for _, ttl := range []time.Duration{0, -time.Second, 999 * time.Millisecond} {
 		tag := fmt.Sprintf(" ttl %v", ttl)
-		add("leases.Acquire"+tag, nil, "ttl", func(ctx context.Context) error { _, err := client.Acquire(ctx, "ok", ttl); return err })
-		add("leases.TryAcquire"+tag, nil, "ttl", func(ctx context.Context) error { _, err := client.TryAcquire(ctx, "ok", ttl); return err })
-		add("leases.Run"+tag, nil, "ttl", func(ctx context.Context) error { return client.Run(ctx, "ok", ttl, leaseFn) })
-		add("leases.Lead"+tag, nil, "ttl", func(ctx context.Context) error { return client.Lead(ctx, "ok", ttl, leaseFn) })
+		add("leases.Acquire"+tag, leases.ErrInvalid, "ttl", func(ctx context.Context) error { _, err := client.Acquire(ctx, "ok", ttl); return err })
+		add("leases.TryAcquire"+tag, leases.ErrInvalid, "ttl", func(ctx context.Context) error { _, err := client.TryAcquire(ctx, "ok", ttl); return err })
+		add("leases.Run"+tag, leases.ErrInvalid, "ttl", func(ctx context.Context) error { return client.Run(ctx, "ok", ttl, leaseFn) })
+		add("leases.Lead"+tag, leases.ErrInvalid, "ttl", func(ctx context.Context) error { return client.Lead(ctx, "ok", ttl, leaseFn) })
 	}
 
 	for _, fence := range []int64{0, -1} {
@@ -146,11 +146,11 @@ func TestHostileInput(t *testing.T) {
 	add("fencing.Protect missing table", nil, "", func(ctx context.Context) error { return fencing.Protect(ctx, pool, "no_such_table") })
 
 	// Options.
-	add("leases.New owner empty", nil, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner("")) })
-	add("leases.New owner 101 bytes", nil, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner(strings.Repeat("o", 101))) })
-	add("leases.New owner NUL", nil, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner("a\x00b")) })
-	add("leases.New logger nil", nil, "logger", func(context.Context) error { return newClientErr(pool, leases.WithLogger(nil)) })
-	add("leases.New pool nil", nil, "pool", func(context.Context) error { return newClientErr(nil) })
+	add("leases.New owner empty", leases.ErrInvalid, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner("")) })
+	add("leases.New owner 101 bytes", leases.ErrInvalid, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner(strings.Repeat("o", 101))) })
+	add("leases.New owner NUL", leases.ErrInvalid, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner("a\x00b")) })
+	add("leases.New logger nil", leases.ErrInvalid, "logger", func(context.Context) error { return newClientErr(pool, leases.WithLogger(nil)) })
+	add("leases.New pool nil", leases.ErrInvalid, "pool", func(context.Context) error { return newClientErr(nil) })
 	add("pglock.New pool nil", pglock.ErrNilPool, "", func(ctx context.Context) error { _, err := pglock.New(nil).Lock(ctx, "ok"); return err })
 	add("pglock.New liveness 0", nil, "interval", func(ctx context.Context) error {
 		_, err := pglock.New(pool, pglock.WithLivenessCheck(0, time.Second)).Lock(ctx, "ok")
@@ -161,7 +161,7 @@ func TestHostileInput(t *testing.T) {
 		return err
 	})
 	add("pglock.Do nil fn", nil, "fn", func(ctx context.Context) error { return locker.Do(ctx, "ok", nil) })
-	add("leases.Run nil fn", nil, "fn", func(ctx context.Context) error { return client.Run(ctx, "ok", time.Second, nil) })
+	add("leases.Run nil fn", leases.ErrInvalid, "fn", func(ctx context.Context) error { return client.Run(ctx, "ok", time.Second, nil) })
 
 	// Cancelled contexts.
 	cancelled, cancel := context.WithCancel(context.Background())

@@ -32,6 +32,12 @@ var (
 	// ErrNotHeld is returned by Get and ForceRelease when nobody holds the
 	// lease (no row, or its expires_at has passed by the database clock).
 	ErrNotHeld = errors.New("leases: lease not held")
+
+	// ErrInvalid matches every bad-input error (an empty, oversized or
+	// NUL-containing name, a TTL below MinTTL, a nil pool, an invalid
+	// option): the call wrote nothing and retrying it cannot help. The
+	// error's message names the setting and the value.
+	ErrInvalid = errors.New("leases: invalid input")
 )
 
 // HeldError is the error TryAcquire returns when another owner holds the
@@ -80,7 +86,7 @@ func dbError(op string, err error) error {
 // closed client, or a missing schema or privilege. Lead stops on these and
 // retries anything else.
 func permanent(err error) bool {
-	if errors.Is(err, errInvalid) || errors.Is(err, ErrClosed) {
+	if errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) {
 		return true
 	}
 	var pgErr *pgconn.PgError

@@ -1,21 +1,17 @@
 package leases
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 )
 
-// errInvalid marks bad input: permanent, nothing was written.
-var errInvalid = errors.New("leases: invalid input")
-
 // invalidError is bad input; its message names the setting.
 type invalidError struct{ msg string }
 
 func (e *invalidError) Error() string        { return e.msg }
-func (e *invalidError) Is(target error) bool { return target == errInvalid }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 
 func invalid(msg string) error { return &invalidError{msg: msg} }
 
