@@ -77,7 +77,7 @@ func (lk *Lock) monitor() {
 
 // stopMonitor makes the monitor hand the connection back and waits until it
 // has: at once if it is watching, after the round trip if it is probing
-// (bounded by the liveness timeout).
+// (bounded by the liveness timeout). It is safe to call more than once.
 func (lk *Lock) stopMonitor() {
 	lk.mu.Lock()
 	lk.stopping = true
@@ -85,8 +85,10 @@ func (lk *Lock) stopMonitor() {
 		_ = lk.conn.Conn().PgConn().Conn().SetReadDeadline(aLongTimeAgo)
 	}
 	lk.mu.Unlock()
-	if !lk.timer.Stop() {
-		<-lk.monitorDone // the monitor started; wait for it to return
+	if lk.timer.Stop() {
+		close(lk.monitorDone) // it never started and now never will
+	} else {
+		<-lk.monitorDone // it started (or a previous call stopped it); wait for it
 	}
 }
 
