@@ -118,7 +118,7 @@ func TestLockHonoursContextAndDestroysConnection(t *testing.T) {
 	}()
 	var waiter int32
 	waitFor(t, 10*time.Second, "the second Lock to wait in PostgreSQL", func() bool {
-		err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiter)
+		err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND`+inThisDB).Scan(&waiter)
 		return err == nil
 	})
 	total := pool.Stat().TotalConns()
@@ -241,7 +241,7 @@ func TestSharedExclusiveMatrix(t *testing.T) {
 	}()
 	waitFor(t, 10*time.Second, "RLock to wait", func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock'`).Scan(&n)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock' AND`+inThisDB).Scan(&n)
 		return n == 1
 	})
 	if err := ex.Unlock(ctx); err != nil {
@@ -288,7 +288,7 @@ func TestOperatorViewPlainSQL(t *testing.T) {
 	var objsubid int
 	err = op.QueryRow(ctx, `
 		SELECT classid::text::bigint, objid::text::bigint, objsubid
-		FROM pg_locks WHERE locktype = 'advisory' AND granted`).Scan(&classid, &objid, &objsubid)
+		FROM pg_locks WHERE locktype = 'advisory' AND granted AND`+inThisDB).Scan(&classid, &objid, &objsubid)
 	if err != nil {
 		t.Fatalf("read pg_locks: %v", err)
 	}

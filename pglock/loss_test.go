@@ -91,7 +91,7 @@ func TestDoReportsLoss(t *testing.T) {
 		var pid int32
 		// Find our own backend the way an operator would: by the key.
 		k := uint64(Key("job"))
-		if err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::text::bigint = $1 AND objid::text::bigint = $2`,
+		if err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB,
 			int64(k>>32), int64(uint32(k))).Scan(&pid); err != nil {
 			return fmt.Errorf("find holder: %w", err)
 		}

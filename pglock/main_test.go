@@ -53,6 +53,10 @@ func testContext(t testing.TB) context.Context {
 	return ctx
 }
 
+// inThisDB restricts a pg_locks query to the test's own database: other
+// tests and other test processes share the server.
+const inThisDB = ` database = (SELECT oid FROM pg_database WHERE datname = current_database()) `
+
 // advisoryLocks counts advisory locks, granted or awaited, in the pool's
 // database, whoever holds them.
 func advisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
@@ -60,8 +64,7 @@ func advisoryLocks(t testing.TB, pool *pgxpool.Pool) int {
 	var n int
 	err := pool.QueryRow(context.Background(), `
 		SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory'
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+		WHERE locktype = 'advisory' AND`+inThisDB).Scan(&n)
 	if err != nil {
 		t.Fatalf("count advisory locks: %v", err)
 	}

@@ -116,7 +116,7 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 		waitFor(t, 10*time.Second, "the waiters to queue", func() bool {
 			var n int
 			_ = observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-				AND classid::bigint = $1 AND objid::bigint = $2`, int64(k>>32), int64(uint32(k))).Scan(&n)
+				AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB, int64(k>>32), int64(uint32(k))).Scan(&n)
 			return n == waiters
 		})
 		var timers []*time.Timer

@@ -77,7 +77,7 @@ func TestSessionLockExcludesXactLock(t *testing.T) {
 	go func() { got <- XactLock(ctx, tx, "mixed") }()
 	waitFor(t, 10*1e9, "XactLock to wait", func() bool {
 		var n int
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND`+inThisDB).Scan(&n)
 		return n == 1
 	})
 	if err := lk.Unlock(ctx); err != nil {
