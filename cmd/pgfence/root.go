@@ -81,6 +81,7 @@ func newRootCmd() *cobra.Command {
 		newLeasesCmd(g),
 		newLocksCmd(g),
 		newDemoCmd(g),
+		newBenchCmd(g),
 	)
 	return root
 }
