@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -19,7 +20,7 @@ import (
 // it.
 func Example() {
 	ctx := context.Background()
-	pool, done := exampleDatabase() // in your service: pgxpool.New(ctx, databaseURL)
+	pool, done := pgtest.ExamplePool() // in your service: pgxpool.New(ctx, databaseURL)
 	defer done()
 
 	// A protected table: a fence bigint column, then Protect (once, e.g.

@@ -7,13 +7,14 @@ import (
 	"log"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leases"
 )
 
 // Run a job on exactly one of N replicas: every replica calls Run; one
 // runs the job while the others wait (or use TryAcquire to skip).
 func ExampleClient_Run() {
-	pool, done := examplePool() // your *pgxpool.Pool
+	pool, done := pgtest.ExamplePool() // your *pgxpool.Pool
 	defer done()
 	client, err := leases.New(pool, leases.WithOwner("billing-worker"))
 	if err != nil {
@@ -36,7 +37,7 @@ func ExampleClient_Run() {
 
 // TryAcquire does not wait: a held lease gives ErrHeld, naming the holder.
 func ExampleClient_TryAcquire() {
-	pool, done := examplePool()
+	pool, done := pgtest.ExamplePool()
 	defer done()
 	a, _ := leases.New(pool, leases.WithOwner("replica-a"))
 	defer a.Close()
@@ -62,7 +63,7 @@ func ExampleClient_TryAcquire() {
 // Lead elects one leader among replicas. fn runs while this replica leads;
 // its context ends when leadership ends, and Lead campaigns again.
 func ExampleClient_Lead() {
-	pool, done := examplePool()
+	pool, done := pgtest.ExamplePool()
 	defer done()
 	client, _ := leases.New(pool, leases.WithOwner("scheduler"))
 	defer client.Close()

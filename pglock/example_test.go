@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,7 +14,7 @@ import (
 
 func ExampleLocker_Do() {
 	// In a service this is your DATABASE_URL; here, a throwaway database.
-	databaseURL, drop := exampleDatabase()
+	databaseURL, drop := pgtest.ExampleURL()
 	defer drop()
 
 	ctx := context.Background()
@@ -42,7 +40,7 @@ func ExampleLocker_Do() {
 }
 
 func ExampleLocker_TryLock() {
-	databaseURL, drop := exampleDatabase()
+	databaseURL, drop := pgtest.ExampleURL()
 	defer drop()
 
 	ctx := context.Background()
@@ -82,38 +80,4 @@ func ExampleKey() {
 	fmt.Println(pglock.Key("billing"))
 	// Output:
 	// 906850720199613079
-}
-
-// exampleDatabase provisions a migrated database for an Example the way the
-// tests do (pgtest), and returns a function that drops it. Examples have no
-// *testing.T, so it hands pgtest a minimal testing.TB.
-func exampleDatabase() (url string, drop func()) {
-	tb := &exampleTB{}
-	return pgtest.URL(tb), tb.cleanup
-}
-
-// exampleTB implements the part of testing.TB that pgtest uses. The
-// embedded interface is nil: any other method would panic.
-type exampleTB struct {
-	testing.TB
-	cleanups []func()
-}
-
-func (*exampleTB) Helper()      {}
-func (*exampleTB) Name() string { return "Example" }
-func (*exampleTB) Logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, format+"\n", args...)
-}
-func (*exampleTB) Errorf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "example database: "+format+"\n", args...)
-}
-func (*exampleTB) Fatalf(format string, args ...any) {
-	panic(fmt.Sprintf("example database: "+format, args...))
-}
-func (tb *exampleTB) Cleanup(f func()) { tb.cleanups = append(tb.cleanups, f) }
-
-func (tb *exampleTB) cleanup() {
-	for i := len(tb.cleanups) - 1; i >= 0; i-- {
-		tb.cleanups[i]()
-	}
 }
