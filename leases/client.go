@@ -39,7 +39,7 @@ type Client struct {
 	closed    bool
 	held      map[string]*Lease // by name: renewed by the keepalive
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
-	orphans   []*Lease          // lost at the local deadline; rows to delete
+	orphans   []*Lease          // lost at the local deadline; grants to end
 	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
 	listening bool          // listener goroutine started
@@ -84,8 +84,8 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 
 // Close stops the client: waiting Acquire calls return ErrClosed, every
 // held lease is released (context cause wraps ErrReleased and ErrClosed,
-// then one statement deletes all of their rows, bounded by 5s; rows it
-// cannot delete expire after their TTL), observers' channels close, and
+// then one statement ends all of their grants, bounded by 5s; grants it
+// cannot reach expire after their TTL), observers' channels close, and
 // the keepalive and listener goroutines exit. Close blocks until they have.
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
@@ -109,7 +109,7 @@ func (c *Client) Close() error {
 		c.orphans = nil
 		c.mu.Unlock()
 
-		// The keepalive stops renewing before the rows are deleted.
+		// The keepalive stops renewing before the grants are ended.
 		c.wg.Wait()
 		if len(held) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
@@ -173,7 +173,7 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 	return infos, nil
 }
 
-// ForceRelease is the operator's break-glass: it deletes the named lease's
+// ForceRelease is the operator's break-glass: it expires the named lease's
 // grant, whoever holds it, and notifies waiters. The holder learns at its
 // next renewal (within TTL/3) that its grant is gone and cancels its
 // context; until then its fenced writes are already rejected. The next
@@ -202,7 +202,7 @@ func (c *Client) newOwner() string {
 	return c.cfg.owner + "-" + hex.EncodeToString(b[:])
 }
 
-// releaseBatch deletes the given grants in one statement, notifying.
+// releaseBatch ends the given grants now in one statement, notifying.
 func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error {
 	names := make([]string, len(ls))
 	owners := make([]string, len(ls))

@@ -83,8 +83,11 @@
 //
 // # Hand-over
 //
-// Release deletes the grant and sends NOTIFY pgfence_leases (payload: the
-// name) in the same statement. Waiting acquirers listen on one dedicated
+// Release expires the grant now and sends NOTIFY pgfence_leases (payload:
+// the name) in the same statement. The row stays, expired: rows are never
+// deleted, so every grant after a name's first draws its fence under the
+// row lock, after the previous grant committed, and fences increase in
+// grant order. Waiting acquirers listen on one dedicated
 // connection per Client (taken from the pool and hijacked, started when
 // something first waits, observes or leads), so a waiter on another
 // replica holds the lease about one round trip after the release. Within
@@ -114,13 +117,13 @@
 //     TTL and a waiter is woken at that moment.
 //   - Holder paused past its TTL: its context may still look alive when it
 //     resumes; its renewals fail ("no row") and fences reject its writes.
-//   - ForceRelease (the operator's break-glass) deletes the grant now and
+//   - ForceRelease (the operator's break-glass) expires the grant now and
 //     notifies. PostgreSQL may grant the lease again at once, while the old
 //     holder learns at its next renewal (TTL/3 at most; about a round trip
 //     if its client has a listener, as Lead's does). During that window
 //     only fences protect: use it when the holder is stuck, not as a
 //     routine hand-over.
-//   - Lease lost at the local deadline: the client deletes the row it may
+//   - Lease lost at the local deadline: the client expires the grant it may
 //     still own, so that waiters need not wait for the margin to pass.
 //   - Missing schema: errors say "schema pgfence not found: run `pgfence
 //     migrate up`".

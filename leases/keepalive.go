@@ -67,7 +67,7 @@ func (c *Client) dropLocked(l *Lease) {
 
 // lose marks l lost with cause (which wraps ErrLost) and wakes local
 // waiters. orphan says the row may still be ours (lost at the local
-// deadline): the keepalive deletes it so that waiters need not wait for
+// deadline): the keepalive expires it so that waiters need not wait for
 // the server's expiry.
 func (c *Client) lose(l *Lease, cause error, orphan bool) {
 	c.mu.Lock()
@@ -151,7 +151,7 @@ func (c *Client) keepalive() {
 	}
 }
 
-// tick renews the due leases and deletes orphaned rows. It reports whether
+// tick renews the due leases and expires orphaned grants. It reports whether
 // something must be retried soon.
 func (c *Client) tick() (again bool) {
 	now := time.Now()
@@ -172,8 +172,8 @@ func (c *Client) tick() (again bool) {
 
 	if len(orphans) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		if err := c.releaseBatch(ctx, "delete rows of lost leases", orphans); err != nil {
-			c.log.Warn("leases: delete rows of lost leases", "count", len(orphans), "err", err)
+		if err := c.releaseBatch(ctx, "end grants of lost leases", orphans); err != nil {
+			c.log.Warn("leases: end grants of lost leases", "count", len(orphans), "err", err)
 		}
 		cancel()
 	}

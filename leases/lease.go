@@ -46,8 +46,8 @@ type leaseState uint8
 const (
 	stateHeld leaseState = iota
 	stateLost
-	stateReleasing // Release called: locally released, row not yet deleted
-	stateReleased  // row deleted (or found gone)
+	stateReleasing // Release called: locally released, grant not yet ended
+	stateReleased  // grant ended (or found gone)
 )
 
 // Name returns the lease's name.
@@ -130,13 +130,12 @@ func (l *Lease) Renew(ctx context.Context) error {
 }
 
 // Release gives the lease up: it cancels Context with cause ErrReleased
-// first, then deletes the grant and notifies waiters in one statement.
-// It returns nil when the grant was deleted while live, or when an earlier
+// first, then expires the grant and notifies waiters in one statement.
+// It returns nil when the grant was ended while live, or when an earlier
 // Release already did; an error wrapping ErrLost when the lease had been
 // lost (its work may not have been exclusive); another error when
 // PostgreSQL could not be reached — the lease is released locally anyway
-// and its row expires after the TTL; calling Release again retries the
-// delete. ctx bounds the statement.
+// and its row expires after the TTL; calling Release again retries. ctx bounds the statement.
 func (l *Lease) Release(ctx context.Context) error {
 	c := l.c
 	c.mu.Lock()
@@ -147,7 +146,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	case stateLost:
 		c.mu.Unlock()
-		// Delete the row anyway in case it is still ours (lost at the local
+		// End the grant anyway in case it is still ours (lost at the local
 		// deadline before the server's expiry): hand-over sooner.
 		_, _ = c.pool.Exec(ctx, sqlRelease, l.name, l.owner, l.fence)
 		return context.Cause(l.ctx)
@@ -163,7 +162,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	err := c.pool.QueryRow(ctx, sqlRelease, l.name, l.owner, l.fence).Scan(new(string), &live)
 	switch {
 	case errors.Is(err, errNoRows) && !wasHeld:
-		// An earlier Release (or Close) that reported an error deleted it.
+		// An earlier Release (or Close) that reported an error ended it.
 		c.setState(l, stateReleased)
 		return nil
 	case errors.Is(err, errNoRows):

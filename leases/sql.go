@@ -26,6 +26,16 @@ const notifyChannel = "pgfence_leases"
 // in-flight fenced transaction is exactly right: it commits before the
 // takeover or is rejected.
 //
+// Fences increase in grant order. A takeover draws its fence in DO UPDATE,
+// after it has locked the row, so it is drawn after the previous grant of
+// that name committed. Lease rows are never deleted (release and
+// force-release set expires_at instead), so only a name's very first grant
+// takes the INSERT path with the fence drawn in VALUES, before any lock: a
+// concurrent first grant that loses the insert race waits for the winner's
+// row and then takes the DO UPDATE path. (With deletes, an acquirer that
+// drew fence n, then waited on another's insert of n+1, could insert n after
+// that holder released: two grants out of fence order.)
+//
 // nextval is evaluated only when the upsert is attempted; fences only need
 // to increase, not to be dense.
 const sqlGrant = `
@@ -40,7 +50,7 @@ WITH cur AS (
      WHERE NOT EXISTS (SELECT FROM cur WHERE cur.expires_at > clock_timestamp())
     ON CONFLICT (name) DO UPDATE
        SET owner       = EXCLUDED.owner,
-           fence       = EXCLUDED.fence,
+           fence       = nextval('pgfence.fence_seq'),
            acquired_at = clock_timestamp(),
            renewed_at  = clock_timestamp(),
            expires_at  = clock_timestamp() + $3::bigint * interval '1 microsecond',
@@ -97,33 +107,50 @@ UPDATE pgfence.leases
  WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
 RETURNING expires_at`
 
-// sqlRelease deletes one grant and notifies waiters in the same statement.
-// live is false when the row was there but had already expired.
+// sqlRelease ends one grant now and notifies waiters in the same statement.
+// The row stays (expired) so that the next grant of the name draws its
+// fence under the row lock; see sqlGrant. live is false when the grant had
+// already expired.
 const sqlRelease = `
-WITH d AS (
-    DELETE FROM pgfence.leases
-     WHERE name = $1 AND owner = $2 AND fence = $3
-    RETURNING name, expires_at > clock_timestamp() AS live
+WITH cur AS (
+    SELECT c.name, c.expires_at > clock_timestamp() AS live
+      FROM pgfence.leases AS c
+     WHERE c.name = $1 AND c.owner = $2 AND c.fence = $3
+), d AS (
+    UPDATE pgfence.leases AS l
+       SET expires_at = least(l.expires_at, clock_timestamp())
+      FROM cur
+     WHERE l.name = cur.name AND l.owner = $2 AND l.fence = $3
+    RETURNING l.name, cur.live
 )
 SELECT pg_notify('` + notifyChannel + `', d.name), d.live FROM d`
 
-// sqlReleaseBatch deletes many grants and notifies for each (Close, and
+// sqlReleaseBatch ends many grants now and notifies for each (Close, and
 // grants the client stopped trusting at their local deadline).
 const sqlReleaseBatch = `
 WITH d AS (
-    DELETE FROM pgfence.leases AS l
-     USING unnest($1::text[], $2::text[], $3::bigint[]) AS v(name, owner, fence)
+    UPDATE pgfence.leases AS l
+       SET expires_at = least(l.expires_at, clock_timestamp())
+      FROM unnest($1::text[], $2::text[], $3::bigint[]) AS v(name, owner, fence)
      WHERE l.name = v.name AND l.owner = v.owner AND l.fence = v.fence
     RETURNING l.name
 )
 SELECT pg_notify('` + notifyChannel + `', d.name) FROM d`
 
-// sqlForceRelease deletes whatever grant a lease has and notifies. The
-// holder's next renewal matches no row; the next grant takes a new fence.
+// sqlForceRelease expires whatever grant a lease has, now, and notifies.
+// The holder's next renewal matches no live row; the next grant takes a new,
+// higher fence.
 const sqlForceRelease = `
-WITH d AS (
-    DELETE FROM pgfence.leases WHERE name = $1
-    RETURNING name, expires_at > clock_timestamp() AS live
+WITH cur AS (
+    SELECT c.name, c.expires_at > clock_timestamp() AS live
+      FROM pgfence.leases AS c
+     WHERE c.name = $1
+), d AS (
+    UPDATE pgfence.leases AS l
+       SET expires_at = least(l.expires_at, clock_timestamp())
+      FROM cur
+     WHERE l.name = cur.name
+    RETURNING l.name, cur.live
 )
 SELECT pg_notify('` + notifyChannel + `', d.name), d.live FROM d`
 
