@@ -35,15 +35,16 @@ connection pool, on your database and network:
 
 Each comparison runs for --duration per side at each --concurrency (each
 goroutine uses its own lease, lock and row, so nothing contends), after a
-short warm-up. It prints operations per second, the ratio pgfence/raw and
+short warm-up, alternating the two sides in 250ms slices so that changes
+in the machine's load affect both alike. It prints operations per second, the ratio pgfence/raw and
 the p50/p99 latency of one operation. It creates the schema pgfence_bench
 (dropping any left by an interrupted run) and drops it at the end, and
 releases every lease and lock it takes. It needs the pgfence schema
 (pgfence migrate up). Run it where the production clients run: the figures
 are mostly network round trips.`
 
-// Raw baselines. The lease statements are the ones the leases package
-// sends (keep in step with leases/sql.go).
+// Raw baselines. The lease statements are copies of the ones the leases
+// package sends (sqlGrant, sqlRelease in leases/sql.go): keep them in step.
 const (
 	sqlBenchGrant = `
 WITH cur AS (
@@ -57,25 +58,42 @@ WITH cur AS (
      WHERE NOT EXISTS (SELECT FROM cur WHERE cur.expires_at > clock_timestamp())
     ON CONFLICT (name) DO UPDATE
        SET owner       = EXCLUDED.owner,
-           fence       = EXCLUDED.fence,
+           fence       = nextval('pgfence.fence_seq'),
            acquired_at = clock_timestamp(),
            renewed_at  = clock_timestamp(),
            expires_at  = clock_timestamp() + $3::bigint * interval '1 microsecond',
            metadata    = NULL
      WHERE l.expires_at <= clock_timestamp()
-    RETURNING l.fence
+    RETURNING l.owner, l.fence, l.acquired_at, l.renewed_at, l.expires_at
 )
-SELECT g.fence FROM granted AS g`
+SELECT true, g.owner, g.fence, g.acquired_at, g.renewed_at, g.expires_at,
+       (extract(epoch FROM g.expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM granted AS g
+UNION ALL
+SELECT false, h.owner, h.fence, h.acquired_at, h.renewed_at, h.expires_at,
+       (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM cur AS h
+ WHERE NOT EXISTS (SELECT FROM granted)`
 	sqlBenchRelease = `
-WITH d AS (
-    DELETE FROM pgfence.leases
-     WHERE name = $1 AND owner = $2 AND fence = $3
-    RETURNING name
+WITH cur AS (
+    SELECT c.name, c.expires_at > clock_timestamp() AS live
+      FROM pgfence.leases AS c
+     WHERE c.name = $1 AND c.owner = $2 AND c.fence = $3
+), d AS (
+    UPDATE pgfence.leases AS l
+       SET expires_at = least(l.expires_at, clock_timestamp())
+      FROM cur
+     WHERE l.name = cur.name AND l.owner = $2 AND l.fence = $3
+    RETURNING l.name, cur.live
 )
-SELECT pg_notify('pgfence_leases', d.name) FROM d`
+SELECT pg_notify('pgfence_leases', d.name), d.live FROM d`
 	sqlBenchTryLock    = `SELECT pg_try_advisory_lock($1)`
 	sqlBenchUnlock     = `SELECT pg_advisory_unlock($1)`
 	sqlBenchDropSchema = `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`
+	// Lease rows stay after release (see leases/sql.go); the run's names
+	// carry a random run id and are never granted again, so their expired
+	// rows can go.
+	sqlBenchDropLeases = `DELETE FROM pgfence.leases WHERE starts_with(name, $1) AND expires_at <= clock_timestamp()`
 	sqlBenchSetup      = `
 CREATE SCHEMA pgfence_bench;
 CREATE TABLE pgfence_bench.fenced (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0);
@@ -148,6 +166,12 @@ func runBench(ctx context.Context, g *globals, out io.Writer, d time.Duration, c
 
 	tok, cleanup, err := benchSetup(ctx, pool, lc, prefix, maxConc)
 	defer cleanup()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = lc.Close() // releases what is still held, so that its rows expire
+		_, _ = pool.Exec(cctx, sqlBenchDropLeases, prefix+"/")
+	}()
 	if err != nil {
 		return err
 	}
@@ -165,13 +189,9 @@ func runBench(ctx context.Context, g *globals, out io.Writer, d time.Duration, c
 			if _, err := measure(ctx, warm, c, op.raw); err != nil {
 				return fmt.Errorf("%s: raw: %w", op.name, err)
 			}
-			p, err := measure(ctx, d, c, op.pgfence)
+			p, r, err := compare(ctx, d, c, op)
 			if err != nil {
-				return fmt.Errorf("%s: pgfence: %w", op.name, err)
-			}
-			r, err := measure(ctx, d, c, op.raw)
-			if err != nil {
-				return fmt.Errorf("%s: raw: %w", op.name, err)
+				return err
 			}
 			ratio := "-"
 			if r.rate() > 0 {
@@ -244,12 +264,18 @@ func benchOps(pool *pgxpool.Pool, lc *leases.Client, locker *pglock.Locker, pref
 			},
 			raw: func(ctx context.Context, w int) error {
 				n, owner := name("raw-lease", w), fmt.Sprintf("%s/raw-owner/%d", prefix, w)
-				var fence int64
-				if err := pool.QueryRow(ctx, sqlBenchGrant, n, owner, time.Minute.Microseconds()).Scan(&fence); err != nil {
+				var granted, live bool
+				var holder, notified string
+				var fence, remainingUS int64
+				var acquired, renewed, expires time.Time
+				if err := pool.QueryRow(ctx, sqlBenchGrant, n, owner, time.Minute.Microseconds()).Scan(
+					&granted, &holder, &fence, &acquired, &renewed, &expires, &remainingUS); err != nil {
 					return fmt.Errorf("raw grant %q: %w", n, err)
 				}
-				var notified string
-				if err := pool.QueryRow(ctx, sqlBenchRelease, n, owner, fence).Scan(&notified); err != nil {
+				if !granted {
+					return fmt.Errorf("raw grant %q: held by %s", n, holder)
+				}
+				if err := pool.QueryRow(ctx, sqlBenchRelease, n, owner, fence).Scan(&notified, &live); err != nil {
 					return fmt.Errorf("raw release %q: %w", n, err)
 				}
 				return nil
@@ -313,11 +339,51 @@ func rawTryLockUnlock(ctx context.Context, pool *pgxpool.Pool, key int64) error 
 	return nil
 }
 
+// benchSlice is how long one side runs before the other takes its turn.
+// Alternating in short slices (pgfence, raw, raw, pgfence, ...) spreads any
+// drift in the machine's load — other processes, autovacuum — over both
+// sides alike.
+const benchSlice = 250 * time.Millisecond
+
+// compare runs op's two sides for d each at concurrency c, in alternating
+// slices, and returns their accumulated results.
+func compare(ctx context.Context, d time.Duration, c int, op benchOp) (p, r benchResult, err error) {
+	for i := 0; p.elapsed < d; i++ {
+		s := min(benchSlice, d-p.elapsed)
+		sides := []*benchResult{&p, &r}
+		fns := []func(context.Context, int) error{op.pgfence, op.raw}
+		if i%2 == 1 {
+			slices.Reverse(sides)
+			slices.Reverse(fns)
+		}
+		for k := range sides {
+			got, err := measure(ctx, s, c, fns[k])
+			if err != nil {
+				side := "pgfence"
+				if sides[k] == &r {
+					side = "raw"
+				}
+				return p, r, fmt.Errorf("%s: %s: %w", op.name, side, err)
+			}
+			sides[k].add(got)
+		}
+	}
+	slices.Sort(p.lat)
+	slices.Sort(r.lat)
+	return p, r, nil
+}
+
 // benchResult is one side of one measurement.
 type benchResult struct {
 	ops     int
 	elapsed time.Duration
-	lat     []time.Duration // sorted
+	lat     []time.Duration // sorted once complete
+}
+
+func (r *benchResult) add(o benchResult) {
+	r.ops += o.ops
+	r.elapsed += o.elapsed
+	r.lat = append(r.lat, o.lat...)
 }
 
 func (r benchResult) rate() float64 {
@@ -366,7 +432,6 @@ func measure(ctx context.Context, d time.Duration, conc int, op func(ctx context
 	}
 	r := benchResult{elapsed: elapsed, lat: slices.Concat(lats...)}
 	r.ops = len(r.lat)
-	slices.Sort(r.lat)
 	return r, nil
 }
 
