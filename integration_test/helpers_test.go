@@ -168,17 +168,6 @@ func readLease(ctx context.Context, db interface {
 	return row, err == nil, err
 }
 
-// backendPIDs lists the backends of the current database whose
-// application_name is app.
-func backendPIDs(ctx context.Context, pool *pgxpool.Pool, app string) ([]int32, error) {
-	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity
-	                               WHERE datname = current_database() AND application_name = $1`, app)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[int32])
-}
-
 // ctxT returns a context bounded by d, cancelled at the end of the test.
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	t.Helper()

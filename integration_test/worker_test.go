@@ -57,8 +57,6 @@ type event struct {
 	Detail string    `json:"detail,omitempty"`
 }
 
-func (e event) time() time.Time { return time.Unix(0, e.T) }
-
 // worker is the parent's handle on a worker process.
 type worker struct {
 	t      *testing.T
@@ -250,9 +248,6 @@ func (w *worker) kill(sig syscall.Signal) {
 		w.t.Fatalf("signal %v to worker %s: %v", sig, w.id, err)
 	}
 }
-
-// pid is the worker's process id.
-func (w *worker) pid() int { return w.cmd.Process.Pid }
 
 func (w *worker) exitErr() error {
 	<-w.exited

@@ -75,16 +75,6 @@ func withWaitHook(f func(name string)) Option {
 	return func(c *config) error { c.onWait = f; return nil }
 }
 
-// serverNow reads the database clock.
-func serverNow(t *testing.T, pool *pgxpool.Pool) time.Time {
-	t.Helper()
-	var now time.Time
-	if err := pool.QueryRow(context.Background(), "SELECT clock_timestamp()").Scan(&now); err != nil {
-		t.Fatalf("read database clock: %v", err)
-	}
-	return now
-}
-
 // waitListening waits until c's listener has LISTENed once.
 func waitListening(t *testing.T, c *Client) {
 	t.Helper()
