@@ -13,6 +13,7 @@ const (
 	exitFailure     = 1
 	exitUsage       = 2
 	exitCheckFailed = 3
+	exitFindings    = 4   // check: leases held or lock waits longer than the threshold
 	exitUnavailable = 69  // sysexits EX_UNAVAILABLE
 	exitHeld        = 75  // sysexits EX_TEMPFAIL
 	exitCannotExec  = 126 // as POSIX shells and env(1)

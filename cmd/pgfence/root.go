@@ -21,6 +21,7 @@ Exit codes:
   1    error (the message on stderr says what to do)
   2    usage: unknown command or flag, missing or invalid argument
   3    demo: the exactly-once check failed
+  4    check: found leases held or advisory locks waited on longer than allowed
   69   the database is unreachable (EX_UNAVAILABLE)
   75   run --no-wait: the lease or lock is held by someone else (EX_TEMPFAIL)
   126  run: the command could not be executed
@@ -82,6 +83,8 @@ func newRootCmd() *cobra.Command {
 		newLocksCmd(g),
 		newDemoCmd(g),
 		newBenchCmd(g),
+		newFenceCmd(g),
+		newCheckCmd(g),
 	)
 	return root
 }
