@@ -83,7 +83,6 @@ func newRootCmd() *cobra.Command {
 		newLocksCmd(g),
 		newDemoCmd(g),
 		newBenchCmd(g),
-		newFenceCmd(g),
 		newCheckCmd(g),
 	)
 	return root
