@@ -83,6 +83,7 @@ func newRootCmd() *cobra.Command {
 		newLocksCmd(g),
 		newDemoCmd(g),
 		newBenchCmd(g),
+		newFenceCmd(g),
 		newCheckCmd(g),
 	)
 	return root
