@@ -100,6 +100,34 @@
 // error. Unlock is safe to repeat; only the first call does anything and
 // later calls return its result.
 //
+// # Metrics
+//
+// A Locker records through the OpenTelemetry metric API on the provider of
+// WithMeterProvider (default: the global one, which records nothing until
+// the application installs an SDK provider). The package never depends on
+// an SDK or exporter. Instruments, created once in New:
+//
+//	pgfence.lock.wait.duration  histogram, s   mode, try, outcome
+//	pgfence.lock.hold.duration  histogram, s   mode, outcome
+//	pgfence.lock.lost           counter, {lock} mode, cause
+//
+// mode is exclusive or shared; try is true for TryLock and TryRLock. The
+// wait runs from the call (after input validation) to the grant or the
+// failure, taking a pooled connection included; its outcome is acquired,
+// locked (Try*: held elsewhere), canceled (ctx ended) or error. The hold
+// runs from the grant to Unlock (outcome unlocked) or to the loss (outcome
+// lost). lost counts each held lock that was lost, by cause: session_ended
+// (the server closed or reset the session: pg_terminate_backend, shutdown,
+// crash), liveness_failed (the liveness check failed or timed out), or
+// not_held (Unlock found that the session no longer held it). With
+// WithNameAttribute(true) every measurement also carries name, the lock
+// name; it is off by default because each name is a separate time series.
+// XactLock and TryXactLock have no Locker and record nothing.
+//
+// Logs (WithLogger; discarded by default): "pglock: lock acquired" and
+// "pglock: lock released" at Debug, "pglock: lock lost" at Warn, with the
+// attributes name, key, pid, mode, cause, waited or held.
+//
 // # PgBouncer and other transaction-mode poolers
 //
 // Session advisory locks do not work through a pooler in transaction mode:

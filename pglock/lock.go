@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -17,7 +18,8 @@ type Lock struct {
 	name   string
 	key    int64
 	shared bool
-	pid    uint32 // backend of the pinned session, for logs
+	pid    uint32    // backend of the pinned session, for logs
+	since  time.Time // when the grant was seen, for the hold duration
 
 	// ctx is cancelled, with cause ErrUnlocked or ErrLost, when the hold
 	// ends; Done and Err read it.
@@ -45,13 +47,14 @@ type Lock struct {
 // killed during the delay is noticed when it ends.
 const monitorStartDelay = 50 * time.Millisecond
 
-func newLock(l *Locker, conn *pgxpool.Conn, name string, key int64, shared bool) *Lock {
+func newLock(l *Locker, conn *pgxpool.Conn, name string, key int64, shared bool, since time.Time) *Lock {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lk := &Lock{
 		l:           l,
 		name:        name,
 		key:         key,
 		shared:      shared,
+		since:       since,
 		pid:         conn.Conn().PgConn().PID(),
 		ctx:         ctx,
 		cancel:      cancel,
@@ -131,16 +134,41 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	switch {
 	case err != nil:
 		destroy(conn, lk.l.cfg.log, "unlock failed", lk.name)
+		lk.released(false)
 		lk.cancel(ErrUnlocked)
 		return fmt.Errorf("pglock: unlock %q: %w (its connection was closed, which releases the lock)", lk.name, err)
 	case !released:
 		// The session did not hold the lock: something outside pglock
 		// released it. Nobody can trust what this session holds.
 		destroy(conn, lk.l.cfg.log, "unlock returned false", lk.name)
+		lk.released(true)
 		lk.cancel(ErrUnlocked)
 		return fmt.Errorf("pglock: unlock %q: %w: PostgreSQL reports the session did not hold it", lk.name, ErrLost)
 	}
 	conn.Release()
+	lk.released(false)
 	lk.cancel(ErrUnlocked)
 	return nil
+}
+
+// released records the end of the hold by Unlock, before Done closes.
+// notHeld says PostgreSQL
+// answered that the session did not hold the lock: it had been lost
+// unnoticed, which counts as a loss.
+func (lk *Lock) released(notHeld bool) {
+	now := time.Now()
+	m := lk.l.m
+	m.recordHold(lk.name, lk.shared, notHeld, lk.since, now)
+	log := lk.l.cfg.log
+	if notHeld {
+		m.recordLost(lk.name, lk.shared, lostNotHeld)
+		log.Warn("pglock: lock lost",
+			slog.String("name", lk.name), slog.Int64("key", lk.key), slog.Uint64("pid", uint64(lk.pid)),
+			slog.String("cause", lostCauseNames[lostNotHeld]), slog.Duration("held", now.Sub(lk.since)))
+		return
+	}
+	if log.Enabled(context.Background(), slog.LevelDebug) {
+		log.Debug("pglock: lock released", slog.String("name", lk.name), slog.Int64("key", lk.key),
+			slog.String("mode", modeName(lk.shared)), slog.Duration("held", now.Sub(lk.since)))
+	}
 }

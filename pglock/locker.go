@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 )
 
 // A Locker takes session-scoped advisory locks over a pool. It is safe for
@@ -18,6 +19,7 @@ import (
 type Locker struct {
 	pool *pgxpool.Pool
 	cfg  config
+	m    *metrics
 	err  error // nil pool or invalid option: returned by every call
 }
 
@@ -42,6 +44,11 @@ func New(pool *pgxpool.Pool, opts ...Option) *Locker {
 			return l
 		}
 	}
+	mp := l.cfg.meter
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	l.m = newMetrics(mp, l.cfg.nameAttr, l.cfg.log)
 	return l
 }
 
@@ -155,8 +162,10 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 		return nil, err
 	}
 	key := Key(name)
+	start := time.Now()
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
+		l.m.recordWait(ctx, name, m, waitOutcomeOf(ctx), start, time.Now())
 		return nil, fmt.Errorf("pglock: %s %q: acquire connection: %w", m.op, name, err)
 	}
 	granted := true
@@ -174,13 +183,22 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 		// The statement may have been granted as it was interrupted: the
 		// lock state of this session is unknown, so the session goes.
 		destroy(conn, l.cfg.log, "acquire failed", name)
+		l.m.recordWait(ctx, name, m, waitOutcomeOf(ctx), start, time.Now())
 		return nil, fmt.Errorf("pglock: %s %q: %w", m.op, name, err)
 	}
+	now := time.Now()
 	if !granted {
 		conn.Release() // PostgreSQL said no: this session holds nothing new.
+		l.m.recordWait(ctx, name, m, waitLocked, start, now)
 		return nil, fmt.Errorf("%w: %q", ErrLocked, name)
 	}
-	return newLock(l, conn, name, key, m.shared), nil
+	l.m.recordWait(ctx, name, m, waitAcquired, start, now)
+	lk := newLock(l, conn, name, key, m.shared, now)
+	if l.cfg.log.Enabled(ctx, slog.LevelDebug) {
+		l.cfg.log.Debug("pglock: lock acquired", slog.String("name", name), slog.Int64("key", key),
+			slog.String("mode", modeName(m.shared)), slog.Uint64("pid", uint64(lk.pid)), slog.Duration("waited", now.Sub(start)))
+	}
+	return lk, nil
 }
 
 // destroyCloseTimeout bounds the polite close (Terminate message) of a

@@ -60,7 +60,7 @@ func (lk *Lock) monitor() {
 			continue // a NOTIFY for a channel this session once LISTENed on
 		}
 		if !isTimeout(err) || pg.IsClosed() {
-			lk.lose(err)
+			lk.lose(lostSessionEnded, err)
 			return
 		}
 		if stopping {
@@ -68,7 +68,7 @@ func (lk *Lock) monitor() {
 		}
 		_ = nc.SetDeadline(time.Now().Add(cfg.timeout))
 		if err := pg.Ping(context.Background()); err != nil {
-			lk.lose(err)
+			lk.lose(lostLivenessFailed, err)
 			return
 		}
 		_ = nc.SetDeadline(time.Time{})
@@ -93,19 +93,24 @@ func (lk *Lock) stopMonitor() {
 }
 
 // lose records that the session is gone, destroys the connection, closes
-// Done and logs. Only the monitor calls it, and only before Unlock has taken
-// the connection.
-func (lk *Lock) lose(cause error) {
+// Done, records the metrics and logs. Only the monitor calls it, and only
+// before Unlock has taken the connection.
+func (lk *Lock) lose(why lostCause, cause error) {
 	lk.mu.Lock()
 	conn := lk.conn
 	lk.conn = nil
 	lk.lostErr = cause
 	lk.mu.Unlock()
 	destroy(conn, lk.l.cfg.log, "lock lost", lk.name)
+	// Recorded before Done closes, so that whoever sees Done sees them.
+	now := time.Now()
+	lk.l.m.recordHold(lk.name, lk.shared, true, lk.since, now)
+	lk.l.m.recordLost(lk.name, lk.shared, why)
 	lk.cancel(ErrLost)
 	lk.l.cfg.log.Warn("pglock: lock lost",
 		slog.String("name", lk.name), slog.Int64("key", lk.key),
-		slog.Uint64("pid", uint64(lk.pid)), slog.Any("err", cause))
+		slog.Uint64("pid", uint64(lk.pid)), slog.String("cause", lostCauseNames[why]),
+		slog.Duration("held", now.Sub(lk.since)), slog.Any("err", cause))
 }
 
 func isTimeout(err error) bool {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Defaults and limits of the liveness check (see WithLivenessCheck).
@@ -27,6 +29,8 @@ type config struct {
 	log      *slog.Logger
 	interval time.Duration
 	timeout  time.Duration
+	meter    metric.MeterProvider // nil: otel.GetMeterProvider() at New
+	nameAttr bool
 }
 
 func defaultConfig() config {
@@ -38,8 +42,10 @@ func defaultConfig() config {
 }
 
 // WithLogger sends the Locker's log records to l: a Warn when a held lock is
-// lost, Debug records when a connection is destroyed because its lock state
-// is in doubt. The default discards everything. A nil l is invalid.
+// lost ("pglock: lock lost"), Debug records for each grant ("pglock: lock
+// acquired"), each Unlock ("pglock: lock released") and each connection
+// destroyed because its lock state is in doubt. The default discards
+// everything. A nil l is invalid.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -74,6 +80,33 @@ func WithLivenessCheck(interval, timeout time.Duration) Option {
 				MinLivenessTimeout, MaxLivenessTimeout, timeout)
 		}
 		c.interval, c.timeout = interval, timeout
+		return nil
+	}
+}
+
+// WithMeterProvider sets the OpenTelemetry MeterProvider the Locker creates
+// its instruments on (once, in New; see the package documentation's Metrics
+// section). Default: the global provider, otel.GetMeterProvider(), which
+// records nothing until the application installs one with
+// otel.SetMeterProvider (instruments created before that are forwarded to
+// it). A nil mp is invalid.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return errors.New("pglock: WithMeterProvider: provider is nil")
+		}
+		c.meter = mp
+		return nil
+	}
+}
+
+// WithNameAttribute adds the lock's name as the attribute "name" to every
+// measurement when on. Default off: each distinct name becomes a separate
+// time series in the metrics backend, so turn it on only when the set of
+// names is small and fixed (not names containing ids).
+func WithNameAttribute(on bool) Option {
+	return func(c *config) error {
+		c.nameAttr = on
 		return nil
 	}
 }
