@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 )
@@ -94,6 +95,14 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
+	start := time.Now()
+	l, err := c.acquire(ctx, name, ttl)
+	c.m.recordAcquire(ctx, name, false, acquireOutcomeOf(ctx, l, err), start)
+	return l, err
+}
+
+// acquire is Acquire after validation.
+func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	w := c.enqueue(name)
 	defer c.dequeue(name, w)
 	// Become head.
@@ -119,7 +128,7 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		}
 		c.startListener()
 		delay := c.pollDelay(attempt, remaining)
-		c.log.Debug("leases: waiting", "lease", name, "holder", holder.Owner, "fence", holder.Fence, "poll", delay)
+		c.log.Debug("leases: waiting", "name", name, "holder", holder.Owner, "fence", holder.Fence, "poll", delay)
 		if c.cfg.onWait != nil {
 			c.cfg.onWait(name)
 		}
@@ -146,14 +155,13 @@ func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	l, holder, _, err := c.grant(ctx, name, ttl)
-	if err != nil {
-		return nil, err
+	if err == nil && l == nil {
+		err = &HeldError{Holder: holder}
 	}
-	if l == nil {
-		return nil, &HeldError{Holder: holder}
-	}
-	return l, nil
+	c.m.recordAcquire(ctx, name, true, acquireOutcomeOf(ctx, l, err), start)
+	return l, err
 }
 
 func validate(name string, ttl time.Duration) error {
@@ -196,7 +204,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		if !granted {
 			return nil, info, remaining, nil
 		}
-		l := c.newLease(info, ttl)
+		l := c.newLease(info, ttl, time.Now())
 		if err := c.register(l, start); err != nil {
 			l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
@@ -204,7 +212,9 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 			_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
 			return nil, Info{}, 0, fmt.Errorf("acquire %q: %w", name, err)
 		}
-		c.log.Debug("leases: acquired", "lease", name, "owner", owner, "fence", info.Fence)
+		if c.log.Enabled(ctx, slog.LevelDebug) {
+			c.log.Debug("leases: acquired", "name", name, "owner", owner, "fence", info.Fence, "ttl", ttl)
+		}
 		return l, info, remaining, nil
 	}
 	// Three snapshots in a row missed a holder that keeps changing; report
@@ -212,7 +222,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 	return nil, Info{Name: name}, 0, nil
 }
 
-func (c *Client) newLease(info Info, ttl time.Duration) *Lease {
+func (c *Client) newLease(info Info, ttl time.Duration, since time.Time) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Lease{
 		c:          c,
@@ -220,6 +230,7 @@ func (c *Client) newLease(info Info, ttl time.Duration) *Lease {
 		owner:      info.Owner,
 		fence:      info.Fence,
 		ttl:        ttl,
+		since:      since,
 		ctx:        ctx,
 		cancel:     cancel,
 		acquiredAt: info.AcquiredAt,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 )
 
 var errNoRows = pgx.ErrNoRows
@@ -25,6 +26,7 @@ type Client struct {
 	pool *pgxpool.Pool
 	cfg  config
 	log  *slog.Logger
+	m    *metrics
 
 	done     chan struct{}   // closed when Close begins
 	bg       context.Context // cancelled when Close begins
@@ -63,6 +65,10 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 			return nil, err
 		}
 	}
+	mp := cfg.meter
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
 	bg, cancelBG := context.WithCancel(context.Background())
 	c := &Client{
 		bg:        bg,
@@ -70,6 +76,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		pool:      pool,
 		cfg:       cfg,
 		log:       cfg.log,
+		m:         newMetrics(mp, cfg.nameAttr, cfg.log),
 		done:      make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		held:      make(map[string]*Lease),
@@ -100,9 +107,11 @@ func (c *Client) Close() error {
 			held = append(held, l)
 		}
 		cause := fmt.Errorf("%w: %w", ErrReleased, ErrClosed)
+		now := time.Now()
 		for _, l := range held {
 			l.state = stateReleasing
 			c.dropLocked(l)
+			c.m.recordHold(l, false, now)
 			l.cancel(cause)
 		}
 		held = append(held, c.orphans...)
@@ -175,14 +184,25 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 
 // ForceRelease is the operator's break-glass: it expires the named lease's
 // grant, whoever holds it, and notifies waiters. The holder learns at its
-// next renewal (within TTL/3) that its grant is gone and cancels its
-// context; until then its fenced writes are already rejected. The next
-// grant takes a higher fence. Returns ErrNotHeld if there was no live
+// next renewal (within TTL/3; about a round trip if its client listens)
+// that its grant is gone and cancels its context; until then its fenced
+// writes are already rejected. If this client holds the lease, it renews
+// at once and so loses it at once (lost counter cause force_released). The
+// next grant takes a higher fence. Returns ErrNotHeld if there was no live
 // grant. ctx bounds the statement; safe to repeat.
 func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if err := validateName(name); err != nil {
 		return err
 	}
+	// If the grant is ours, the loss its renewal is about to find is this
+	// force-release; say so before the statement, so that no renewal in
+	// between can attribute it otherwise.
+	c.mu.Lock()
+	own := c.held[name]
+	if own != nil {
+		own.releaseNotified = time.Now()
+	}
+	c.mu.Unlock()
 	var live bool
 	err := c.pool.QueryRow(ctx, sqlForceRelease, name).Scan(new(string), &live)
 	if errors.Is(err, errNoRows) || err == nil && !live {
@@ -191,7 +211,15 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if err != nil {
 		return dbError(fmt.Sprintf("force-release %q", name), err)
 	}
-	c.log.Info("leases: force-released", "lease", name)
+	if own != nil {
+		c.log.Info("leases: force-released", "name", name, "owner", own.owner, "fence", own.fence)
+		c.mu.Lock()
+		c.checkHeldLocked(name)
+		c.mu.Unlock()
+	} else {
+		// sqlForceRelease does not return the grant it ended.
+		c.log.Info("leases: force-released", "name", name)
+	}
 	return nil
 }
 

@@ -131,6 +131,62 @@
 //     waiting Acquire calls return ErrClosed, closes Observe channels, and
 //     returns once every goroutine of the Client has exited.
 //
+// # Metrics
+//
+// A Client records through the OpenTelemetry metric API on the provider of
+// WithMeterProvider (default: the global one, which records nothing until
+// the application installs an SDK provider). The package never depends on
+// an SDK or exporter. Instruments, created once in New:
+//
+//	pgfence.lease.acquire.duration  histogram, s       try, outcome
+//	pgfence.lease.hold.duration     histogram, s       outcome
+//	pgfence.lease.renewals          counter, {renewal} outcome
+//	pgfence.lease.lost              counter, {lease}   cause
+//
+// acquire.duration runs from an Acquire (try=false) or TryAcquire
+// (try=true) call, after input validation, to the grant or the failure;
+// outcome is acquired, held (TryAcquire only), canceled (ctx ended),
+// closed (the Client closed) or error. Lead and Run acquire through
+// Acquire. hold.duration runs from the grant's response to Release or
+// Close (outcome released) or to the loss (outcome lost). renewals counts
+// renewal attempts per lease, by the keepalive (one per lease in a batch)
+// and Lease.Renew: renewed (the database extended the grant), busy (the row
+// was locked by a fenced transaction; retried shortly), lost (the grant was
+// gone), error (the statement failed; retried until the local deadline).
+//
+// lost counts each held lease that was lost, once, by cause:
+//
+//   - force_released: a renewal matched no live row after a release
+//     notification for the lease reached this Client (someone ended the
+//     grant — pgfence leases release --force, ForceRelease on another
+//     Client — and the notification made this Client renew at once), or
+//     after this Client's own ForceRelease of a lease it held; also a
+//     Release that found the grant gone after such a notification. It
+//     needs the listener: a Client that never waits, observes or leads
+//     (or runs WithNotifications(false)) learns of a force-release only at
+//     its next renewal, counted as renew_rejected.
+//   - renew_rejected: a renewal matched no live row with no release
+//     notification seen: the grant expired by the database clock (the
+//     holder was paused, or its renewals were delayed, past expires_at),
+//     was force-released unnoticed, or was taken over after expiry.
+//   - deadline: the local deadline passed with no successful renewal (the
+//     database unreachable or slow, renewals blocked, the process starved).
+//     The holder learned of it before expires_at.
+//   - release_rejected: Release found the grant already gone or expired —
+//     it had been lost unnoticed, so the work under it may not have been
+//     exclusive.
+//
+// With WithNameAttribute(true) every measurement also carries name, the
+// lease name; it is off by default because each name is a separate time
+// series.
+//
+// Logs (WithLogger; discarded by default): "leases: acquired" and
+// "leases: released" at Debug; "leases: force-released" at Info (owner and
+// fence only when this Client held the lease); "leases: lease lost" at
+// Warn with name, owner, fence, cause (as above), held and err; renewal
+// retries, listener trouble and campaign failures at Warn. Lease names are
+// the attribute name throughout.
+//
 // # Names
 //
 // A lease name is 1 to 200 bytes of UTF-8 without NUL. Names are global to

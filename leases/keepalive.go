@@ -53,6 +53,11 @@ func (c *Client) renewedLocked(l *Lease, start time.Time, expiresAt time.Time) {
 	l.nextRenew = start.Add(l.ttl / 3)
 	l.expiresAt = expiresAt
 	l.timer.Reset(time.Until(deadline))
+	if !l.releaseNotified.IsZero() && start.After(l.releaseNotified) {
+		// The notification was not about this grant (e.g. a stale
+		// holder's release of an older one).
+		l.releaseNotified = time.Time{}
+	}
 }
 
 // dropLocked stops keeping l alive.
@@ -65,25 +70,35 @@ func (c *Client) dropLocked(l *Lease) {
 	}
 }
 
-// lose marks l lost with cause (which wraps ErrLost) and wakes local
-// waiters. orphan says the row may still be ours (lost at the local
-// deadline): the keepalive expires it so that waiters need not wait for
-// the server's expiry.
-func (c *Client) lose(l *Lease, cause error, orphan bool) {
+// lose marks l lost with cause (which wraps ErrLost), records the loss
+// (why; lostRenewRejected becomes lostForceReleased after a release
+// notification for l) and wakes local waiters. orphan says the row may
+// still be ours (lost at the local deadline): the keepalive expires it so
+// that waiters need not wait for the server's expiry.
+func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.mu.Lock()
 	if l.state != stateHeld {
 		c.mu.Unlock()
 		return
 	}
+	if why == lostRenewRejected && !l.releaseNotified.IsZero() {
+		why = lostForceReleased
+	}
 	l.state = stateLost
 	c.dropLocked(l)
+	// Recorded before the context ends, so that whoever sees it done sees
+	// them.
+	end := time.Now()
+	c.m.recordHold(l, true, end)
+	c.m.recordLost(l.name, why)
 	l.cancel(cause)
 	if orphan && !c.cfg.noKeepalive && !c.closed {
 		c.orphans = append(c.orphans, l)
 		c.kickKeepalive()
 	}
 	c.mu.Unlock()
-	c.log.Warn("leases: lease lost", "lease", l.name, "fence", l.fence, "cause", cause)
+	c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
+		"cause", lostCauseNames[why], "held", end.Sub(l.since), "err", cause)
 	c.wakeQueue(l.name)
 }
 
@@ -95,7 +110,7 @@ func (c *Client) onDeadline(l *Lease) {
 	if stale {
 		return // renewed meanwhile (the timer was reset) or already gone
 	}
-	c.lose(l, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
+	c.lose(l, lostDeadline, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
 		l.name, l.fence, l.ttl, margin(l.ttl), ErrLost), true)
 }
 
@@ -209,10 +224,16 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		byName[l.name] = l
 	}
 	reqStart := time.Now()
-	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
-	if err != nil {
+	failed := func(err error) bool {
+		for _, l := range ls {
+			c.m.recordRenewal(l.name, renewError)
+		}
 		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", err)
 		return true
+	}
+	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
+	if err != nil {
+		return failed(err)
 	}
 	type result struct {
 		l         *Lease
@@ -225,15 +246,13 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		var r result
 		if err := rows.Scan(&name, &r.expiresAt, &r.busy); err != nil {
 			rows.Close()
-			c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", err)
-			return true
+			return failed(err)
 		}
 		r.l = byName[name]
 		results = append(results, r)
 	}
 	if err := rows.Err(); err != nil {
-		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", dbError("renew", err))
-		return true
+		return failed(dbError("renew", err))
 	}
 	var lost []*Lease
 	c.mu.Lock()
@@ -241,16 +260,19 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		switch {
 		case r.l == nil:
 		case r.expiresAt != nil:
+			c.m.recordRenewal(r.l.name, renewRenewed)
 			c.renewedLocked(r.l, reqStart, *r.expiresAt)
 		case r.busy:
+			c.m.recordRenewal(r.l.name, renewBusy)
 			again = true
 		default:
+			c.m.recordRenewal(r.l.name, renewLost)
 			lost = append(lost, r.l)
 		}
 	}
 	c.mu.Unlock()
 	for _, l := range lost {
-		c.lose(l, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
+		c.lose(l, lostRenewRejected, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
 	}
 	return again
 }
@@ -258,13 +280,15 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 // checkHeldLocked makes the keepalive renew the named lease now, if this client
 // holds it: a notification for it means someone released or force-released
 // it, and in the latter case the holder should learn at once rather than at
-// its next scheduled renewal.
+// its next scheduled renewal. It marks the lease so that a loss the renewal
+// finds counts as force_released.
 func (c *Client) checkHeldLocked(name string) {
 	l := c.held[name]
 	if l == nil {
 		return
 	}
 	now := time.Now()
+	l.releaseNotified = now
 	l.nextRenew = now
 	if c.nextDue.IsZero() || now.Before(c.nextDue) {
 		c.nextDue = now

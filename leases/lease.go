@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/pgfence/pgfence/fencing"
@@ -29,6 +30,7 @@ type Lease struct {
 	owner  string
 	fence  int64
 	ttl    time.Duration
+	since  time.Time // local clock when the grant was received: hold duration
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -39,6 +41,11 @@ type Lease struct {
 	deadline   time.Time // local, monotonic: last request start + ttl - margin
 	nextRenew  time.Time // local, monotonic: last request start + ttl/3
 	timer      *time.Timer
+	// releaseNotified is when a release notification for this name arrived
+	// (or this client force-released it); zero once a renewal that started
+	// later succeeded. A loss found while it is set is attributed to a
+	// force-release.
+	releaseNotified time.Time
 }
 
 type leaseState uint8
@@ -113,13 +120,16 @@ func (l *Lease) Renew(ctx context.Context) error {
 	var expiresAt time.Time
 	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
 	if errors.Is(err, errNoRows) {
+		l.c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
-		l.c.lose(l, lost, false)
+		l.c.lose(l, lostRenewRejected, lost, false)
 		return l.Err() // lost, or released meanwhile
 	}
 	if err != nil {
+		l.c.m.recordRenewal(l.name, renewError)
 		return dbError(fmt.Sprintf("renew %q", l.name), err)
 	}
+	l.c.m.recordRenewal(l.name, renewRenewed)
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
 	if l.state != stateHeld {
@@ -155,7 +165,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		c.dropLocked(l)
 		l.cancel(ErrReleased)
 	}
+	notified := !l.releaseNotified.IsZero()
 	c.mu.Unlock()
+	end := time.Now()
 	c.wakeQueue(l.name)
 
 	var live bool
@@ -167,15 +179,48 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	case errors.Is(err, errNoRows):
 		c.setState(l, stateReleased)
-		return fmt.Errorf("release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
+		err = fmt.Errorf("release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
+		c.releasedLost(l, notified, end, err)
+		return err
 	case err != nil:
+		if wasHeld {
+			c.released(l, end) // locally; the row expires after its TTL
+		}
 		return dbError(fmt.Sprintf("release %q", l.name), err)
 	}
 	c.setState(l, stateReleased)
 	if !live {
-		return fmt.Errorf("release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
+		err = fmt.Errorf("release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
+		if wasHeld {
+			c.releasedLost(l, notified, end, err)
+		}
+		return err
+	}
+	if wasHeld {
+		c.released(l, end)
 	}
 	return nil
+}
+
+// released records the end of l's hold by Release at end.
+func (c *Client) released(l *Lease, end time.Time) {
+	c.m.recordHold(l, false, end)
+	if c.log.Enabled(context.Background(), slog.LevelDebug) {
+		c.log.Debug("leases: released", "name", l.name, "owner", l.owner, "fence", l.fence, "held", end.Sub(l.since))
+	}
+}
+
+// releasedLost records that Release found l's grant gone or expired: it
+// had been lost unnoticed (after a release notification: force-released).
+func (c *Client) releasedLost(l *Lease, notified bool, end time.Time, err error) {
+	why := lostReleaseRejected
+	if notified {
+		why = lostForceReleased
+	}
+	c.m.recordHold(l, true, end)
+	c.m.recordLost(l.name, why)
+	c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
+		"cause", lostCauseNames[why], "held", end.Sub(l.since), "err", err)
 }
 
 // String describes the grant for logs.

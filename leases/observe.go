@@ -85,7 +85,7 @@ func (c *Client) observe(ctx context.Context, name string, o *observer, ch chan 
 				first, last = false, info
 			}
 		default:
-			c.log.Warn("leases: observe: read failed; retrying", "lease", name, "err", err)
+			c.log.Warn("leases: observe: read failed; retrying", "name", name, "err", err)
 		}
 		timer.Reset(delay)
 		select {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Limits and defaults.
@@ -36,6 +38,8 @@ type config struct {
 	log          *slog.Logger
 	pollInterval time.Duration
 	notify       bool
+	meter        metric.MeterProvider // nil: otel.GetMeterProvider() at New
+	nameAttr     bool
 
 	// Test hooks (unexported options in the package's own tests).
 	noKeepalive bool              // simulate a frozen holder: no renewals, no orphan release
@@ -66,8 +70,11 @@ func WithOwner(id string) Option {
 	}
 }
 
-// WithLogger sets where the client logs renewal retries, losses and
-// listener trouble. Default: discard. Must not be nil.
+// WithLogger sets where the client logs. Records: each grant and release
+// at Debug ("leases: acquired", "leases: released"), a force-release at
+// Info ("leases: force-released"), each loss at Warn ("leases: lease
+// lost", with cause), and renewal retries and listener trouble at Warn.
+// Default: discard. Must not be nil.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
@@ -104,6 +111,33 @@ func WithPollInterval(d time.Duration) Option {
 func WithNotifications(enabled bool) Option {
 	return func(c *config) error {
 		c.notify = enabled
+		return nil
+	}
+}
+
+// WithMeterProvider sets the OpenTelemetry MeterProvider the client creates
+// its instruments on (once, in New; see the package documentation's
+// Metrics section). Default: the global provider, otel.GetMeterProvider(),
+// which records nothing until the application installs one with
+// otel.SetMeterProvider (instruments created before that are forwarded to
+// it). Must not be nil.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) error {
+		if mp == nil {
+			return invalid("leases: meter provider must not be nil")
+		}
+		c.meter = mp
+		return nil
+	}
+}
+
+// WithNameAttribute adds the lease's name as the attribute "name" to every
+// measurement when on. Default off: each distinct name becomes a separate
+// time series in the metrics backend, so turn it on only when the set of
+// names is small and fixed (not names containing ids).
+func WithNameAttribute(on bool) Option {
+	return func(c *config) error {
+		c.nameAttr = on
 		return nil
 	}
 }

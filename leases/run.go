@@ -46,7 +46,7 @@ func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Cont
 		}
 		return fmt.Errorf("%w (and %w)", fnErr, relErr)
 	case relErr != nil:
-		c.log.Warn("leases: release after run failed; the row expires after its TTL", "lease", l.name, "fence", l.fence, "err", relErr)
+		c.log.Warn("leases: release after run failed; the row expires after its TTL", "name", l.name, "fence", l.fence, "err", relErr)
 	}
 	return fnErr
 }
@@ -82,7 +82,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			}
 			d := jitter(backoff)
 			backoff = min(backoff*2, c.cfg.pollInterval)
-			c.log.Warn("leases: campaign failed; retrying", "lease", name, "err", err, "retry", d)
+			c.log.Warn("leases: campaign failed; retrying", "name", name, "err", err, "retry", d)
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:
@@ -96,13 +96,13 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		c.log.Info("leases: became leader", "lease", name, "owner", l.owner, "fence", l.fence)
+		c.log.Info("leases: became leader", "name", name, "owner", l.owner, "fence", l.fence)
 		err = c.runHeld(ctx, l, fn)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, ErrLost):
-			c.log.Warn("leases: leadership lost; campaigning again", "lease", name, "fence", l.fence, "err", err)
+			c.log.Warn("leases: leadership lost; campaigning again", "name", name, "fence", l.fence, "err", err)
 		case c.isClosed():
 			return ErrClosed
 		default:
