@@ -79,6 +79,20 @@
 // holder sees ErrStale it has lost: the same token will never be accepted
 // again. Stop, and let the current holder do the work.
 //
+// # Metrics
+//
+// InTx counts every rejection it returns on the counter
+// pgfence.fenced_writes.rejected (unit {write}, attribute reason = stale
+// for ErrStale, no_token for ErrNoToken), through the OpenTelemetry metric
+// API. The package has no client object to configure, so it records on the
+// global provider, otel.GetMeterProvider(), looked up at the moment of the
+// rejection: it records nothing until the application installs an SDK
+// provider with otel.SetMeterProvider, and costs nothing on the success
+// path. Only InTx sees the outcome of fn and COMMIT: rejections of
+// statements run on a transaction from Begin, and of plain guarded SQL,
+// are not counted — count them where you call IsStale. An InTx nested in
+// another InTx's fn (a savepoint) counts its rejection at each level.
+//
 // # What is guaranteed, and where
 //
 // For rows in this PostgreSQL database, in protected tables: a write made

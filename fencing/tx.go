@@ -78,6 +78,10 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 // ctx bounds the whole transaction: fn should pass it to the statements it
 // runs on tx. Cancelling ctx aborts the transaction. InTx is safe to call
 // concurrently; each call has its own transaction.
+//
+// Each rejection InTx returns (ErrStale or ErrNoToken) adds one to the
+// counter pgfence.fenced_writes.rejected on the global MeterProvider (see
+// the package documentation's Metrics section).
 func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err error) {
 	if fn == nil {
 		return errors.New("fencing: in tx: fn is nil")
@@ -93,11 +97,15 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err 
 		}
 	}()
 	if err := fn(tx); err != nil {
-		return classify(tok, err)
+		err = classify(tok, err)
+		recordRejected(ctx, err)
+		return err
 	}
 	committed = true
 	if err := tx.Commit(ctx); err != nil {
-		return classify(tok, fmt.Errorf("fencing: commit: %w", err))
+		err = classify(tok, fmt.Errorf("fencing: commit: %w", err))
+		recordRejected(ctx, err)
+		return err
 	}
 	return nil
 }
