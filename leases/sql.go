@@ -36,8 +36,12 @@ const notifyChannel = "pgfence_leases"
 // drew fence n, then waited on another's insert of n+1, could insert n after
 // that holder released: two grants out of fence order.)
 //
-// nextval is evaluated only when the upsert is attempted; fences only need
-// to increase, not to be dense.
+// The fence comes from pgfence.next_fence() (migration 3): nextval of
+// pgfence.fence_seq, first advanced by a large gap when the server's
+// timeline has changed since the last draw, so fences keep increasing
+// across a failover that lost the tail of the WAL; on a standby it fails
+// (SQLSTATE 25006). It is evaluated only when the upsert is attempted;
+// fences only need to increase, not to be dense.
 const sqlGrant = `
 WITH cur AS (
     SELECT c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at
@@ -45,12 +49,12 @@ WITH cur AS (
      WHERE c.name = $1
 ), granted AS (
     INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at)
-    SELECT $1, $2, nextval('pgfence.fence_seq'), clock_timestamp(), clock_timestamp(),
+    SELECT $1, $2, pgfence.next_fence(), clock_timestamp(), clock_timestamp(),
            clock_timestamp() + $3::bigint * interval '1 microsecond'
      WHERE NOT EXISTS (SELECT FROM cur WHERE cur.expires_at > clock_timestamp())
     ON CONFLICT (name) DO UPDATE
        SET owner       = EXCLUDED.owner,
-           fence       = nextval('pgfence.fence_seq'),
+           fence       = pgfence.next_fence(),
            acquired_at = clock_timestamp(),
            renewed_at  = clock_timestamp(),
            expires_at  = clock_timestamp() + $3::bigint * interval '1 microsecond',
