@@ -255,9 +255,34 @@ func TestFailoverSync(t *testing.T) {
 	if err := standbyConn.QueryRow(ctx, `SELECT pgfence.next_fence()`).Scan(&f); sqlstateOf(err) != sqlstateReadOnly {
 		t.Errorf("pgfence.next_fence() on a standby = %d, %v; want SQLSTATE %s", f, err, sqlstateReadOnly)
 	}
-	// Advisory locks are local to each server: the standby grants a lock
-	// the primary's holder has. (pglock does not refuse a standby yet; see
-	// the README's HA notes.)
+	// pglock refuses a standby: every acquiring call fails with ErrStandby
+	// and takes nothing, in both scopes.
+	standbyLocker := pglock.New(standbyPool)
+	for op, try := range map[string]func() error{
+		"Lock":     func() error { _, err := standbyLocker.Lock(ctx, "failover/lock"); return err },
+		"TryLock":  func() error { _, err := standbyLocker.TryLock(ctx, "failover/lock"); return err },
+		"RLock":    func() error { _, err := standbyLocker.RLock(ctx, "failover/lock"); return err },
+		"TryRLock": func() error { _, err := standbyLocker.TryRLock(ctx, "failover/lock"); return err },
+		"XactLock": func() error {
+			return pgx.BeginFunc(ctx, standbyPool, func(tx pgx.Tx) error { return pglock.XactLock(ctx, tx, "failover/lock") })
+		},
+		"TryXactLock": func() error {
+			return pgx.BeginFunc(ctx, standbyPool, func(tx pgx.Tx) error {
+				_, err := pglock.TryXactLock(ctx, tx, "failover/lock")
+				return err
+			})
+		},
+	} {
+		if err := try(); !errors.Is(err, pglock.ErrStandby) {
+			t.Errorf("pglock %s on a standby = %v, want ErrStandby", op, err)
+		}
+	}
+	var standbyLocks int
+	if err := standbyPool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&standbyLocks); err != nil || standbyLocks != 0 {
+		t.Errorf("advisory locks on the standby after pglock refused = %d, %v; want 0", standbyLocks, err)
+	}
+	// Raw SQL shows why: advisory locks are local to each server, and the
+	// standby grants a lock the primary's holder has.
 	var got bool
 	if err := standbyConn.QueryRow(ctx, `SELECT pg_try_advisory_lock(pgfence.lock_key('failover/lock'))`).Scan(&got); err != nil || !got {
 		t.Errorf("pg_try_advisory_lock on the standby while the primary's session holds it = %v, %v; want true (locks are per server)", got, err)

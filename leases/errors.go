@@ -63,8 +63,10 @@ const (
 	sqlstateInvalidSchemaName  = "3F000"
 	sqlstateUndefinedFunction  = "42883"
 	sqlstateInsufficientPriv   = "42501"
+	sqlstateReadOnly           = "25006"
 	schemaMissingHint          = "schema pgfence not found: run `pgfence migrate up`"
 	insufficientPrivilegesHint = "the role lacks privileges on schema pgfence: see the README's grants for an application role"
+	standbyHint                = "connected to a standby (read-only): use the primary, e.g. a multi-host connection string with target_session_attrs=read-write"
 )
 
 // dbError wraps an error from PostgreSQL with what the client was doing,
@@ -77,6 +79,8 @@ func dbError(op string, err error) error {
 			return fmt.Errorf("leases: %s: %s: %w", op, schemaMissingHint, err)
 		case sqlstateInsufficientPriv:
 			return fmt.Errorf("leases: %s: %s: %w", op, insufficientPrivilegesHint, err)
+		case sqlstateReadOnly: // retryable: the server may be promoted
+			return fmt.Errorf("leases: %s: %s: %w", op, standbyHint, err)
 		}
 	}
 	return fmt.Errorf("leases: %s: %w", op, err)

@@ -13,6 +13,13 @@ var (
 	// connection is kept.
 	ErrLocked = errors.New("pglock: lock held by another session")
 
+	// ErrStandby means the connection reached a standby (a server in
+	// recovery). PostgreSQL grants advisory locks there, but they exclude
+	// nobody on the primary, so pglock takes none. Connect to the primary,
+	// for example with a multi-host connection string and
+	// target_session_attrs=read-write.
+	ErrStandby = errors.New("pglock: the server is a standby (in recovery): an advisory lock there excludes nobody on the primary; connect to the primary (target_session_attrs=read-write)")
+
 	// ErrLost means the session that held the lock died or could no longer
 	// be reached: the backend was terminated, the server went away, or a
 	// liveness check failed. Lock.Err returns it after Done closes for that

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 )
@@ -169,15 +171,22 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 		return nil, fmt.Errorf("pglock: %s %q: acquire connection: %w", m.op, name, err)
 	}
 	granted := true
+	var tag pgconn.CommandTag
 	switch {
 	case m.try && m.shared:
 		err = conn.QueryRow(ctx, sqlTryLockShared, key).Scan(&granted)
 	case m.try:
 		err = conn.QueryRow(ctx, sqlTryLock, key).Scan(&granted)
 	case m.shared:
-		_, err = conn.Exec(ctx, sqlLockShared, key)
+		tag, err = conn.Exec(ctx, sqlLockShared, key)
 	default:
-		_, err = conn.Exec(ctx, sqlLock, key)
+		tag, err = conn.Exec(ctx, sqlLock, key)
+	}
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && !m.try && tag.RowsAffected() == 0 {
+		// A standby: the lock function never ran, the session holds nothing.
+		conn.Release()
+		l.m.recordWait(ctx, name, m, waitError, start, time.Now())
+		return nil, fmt.Errorf("pglock: %s %q: %w", m.op, name, ErrStandby)
 	}
 	if err != nil {
 		// The statement may have been granted as it was interrupted: the

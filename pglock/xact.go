@@ -19,8 +19,12 @@ func XactLock(ctx context.Context, tx pgx.Tx, name string) error {
 	if err := checkXact(ctx, tx, name, "xact lock"); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, sqlXactLock, Key(name)); err != nil {
+	tag, err := tx.Exec(ctx, sqlXactLock, Key(name))
+	if err != nil {
 		return fmt.Errorf("pglock: xact lock %q: %w", name, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pglock: xact lock %q: %w", name, ErrStandby)
 	}
 	return nil
 }
@@ -34,6 +38,9 @@ func TryXactLock(ctx context.Context, tx pgx.Tx, name string) (bool, error) {
 	}
 	var ok bool
 	if err := tx.QueryRow(ctx, sqlTryXactLock, Key(name)).Scan(&ok); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = ErrStandby
+		}
 		return false, fmt.Errorf("pglock: try xact lock %q: %w", name, err)
 	}
 	return ok, nil
