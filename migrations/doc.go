@@ -13,6 +13,16 @@
 //   - pgfence.fence_guard() and pgfence.protect(table, fence_column), the
 //     trigger that makes a table reject writes from stale holders.
 //
+// Migration 2 adds the view pgfence.lease_status (held_for, expires_in,
+// expired, by the database clock) for SQL-based monitoring.
+//
+// Migration 3 adds fence epochs: pgfence.next_fence(), which every lease
+// grant calls, skips fence_seq ahead by 2^32 whenever the server's timeline
+// or system identifier differs from the one recorded in pgfence.fence_epoch
+// (a promoted standby, a restored dump), so a failover that lost the tail
+// of the WAL never hands out an acknowledged fence again; and
+// pgfence.bump_fence(gap), the operator's manual advance.
+//
 // # Bookkeeping
 //
 // golang-migrate records the applied version in the table named by Table
