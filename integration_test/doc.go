@@ -24,6 +24,10 @@
 // TestExactlyOnce, TestPause, TestCrash, TestKilledBackend, TestPartition,
 // TestRestart, TestLinearizability and TestHostileInput each prove one
 // group of the guarantees in the design; their doc comments say which.
+// TestFailoverSync and TestFailoverAsyncLostTail run a primary and a
+// streaming standby, kill the primary and promote the standby, and check
+// fence order, holders' loss reports and stale-write rejection across it
+// (and that the raw sequence alone would reissue an acknowledged fence).
 // Every test checks at cleanup that no advisory lock is left in its
 // database and that its pools have no connection acquired.
 //
