@@ -2,9 +2,14 @@ package leases
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -14,14 +19,72 @@ import (
 // pool opens another in its place), LISTENs on pgfence_leases, and wakes
 // the head waiter and the observers of each released name. Whenever LISTEN
 // (re)starts it wakes every waiter and observer, since releases may have
-// gone unnoticed meanwhile. If LISTEN fails (e.g. behind a transaction-mode
-// pooler), waiters poll with backoff and the listener retries every so
-// often.
+// gone unnoticed meanwhile. If LISTEN fails, waiters poll with backoff and
+// the listener retries every so often.
+//
+// # The probe
+//
+// Behind a transaction-mode pooler (PgBouncer pool_mode=transaction) LISTEN
+// succeeds, but on whichever server session ran that one transaction; the
+// pooler hands that session to other clients and never forwards its
+// notifications to the listener. So after each LISTEN the listener proves
+// that notifications reach it: it sends a probe NOTIFY on the channel from
+// another connection of the pool (never from its own: a session always
+// receives its own notifications, and behind the pooler its own NOTIFY
+// would run on the very session that listens) and waits up to
+// probeTimeout for it. Only then does it count as listening. If the probe
+// never arrives, notifications are off for the rest of the Client's life:
+// it logs that once at Info, closes its connection and exits, and waiters
+// poll (WithPollInterval). A probe that cannot be sent is an ordinary
+// listener failure, retried with backoff.
+//
+// A probe's payload is probePrefix, 64 random hex digits and filler up to
+// MaxNameLen+50 bytes. Lease names are at most MaxNameLen bytes, so a probe
+// can never name a lease, and no waiter or observer mistakes one (this
+// Client's or another's) for a release.
 
 const (
 	listenRetryMin = 500 * time.Millisecond
 	listenRetryMax = 30 * time.Second
+
+	// probeSendTimeout bounds sending the probe (acquiring a pool
+	// connection included); failing to send is retried, not taken as a
+	// pooler.
+	probeSendTimeout = 10 * time.Second
+	// probeTimeout is how long the listener waits for its probe after
+	// PostgreSQL committed it. Directly or through session pooling it
+	// arrives within a round trip; the generous bound keeps a loaded
+	// machine from switching notifications off for good.
+	probeTimeout = 2 * time.Second
+
+	// probePrefix starts every probe payload. A probe payload is longer
+	// than MaxNameLen, so it can never be a lease name.
+	probePrefix = "pgfence-probe:"
+
+	// sqlProbe sends the probe notification (here rather than in sql.go
+	// while sql.go is being reworked; move it there).
+	sqlProbe = `SELECT pg_notify($1, $2)`
+	// sqlUnlisten ends the subscription on a connection given up on.
+	sqlUnlisten = `UNLISTEN *`
 )
+
+// errNoNotifications means LISTEN succeeded but the probe notification
+// never arrived: notifications cannot reach this client.
+var errNoNotifications = errors.New("leases: listener: LISTEN succeeded but its probe notification never arrived")
+
+// probePayload returns a new probe payload: probePrefix, random hex, and
+// filler up to MaxNameLen+50 bytes.
+func probePayload() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	p := probePrefix + hex.EncodeToString(b[:])
+	return p + strings.Repeat("-", MaxNameLen+50-len(p))
+}
+
+// isProbe reports whether payload is a probe's rather than a lease name.
+func isProbe(payload string) bool {
+	return len(payload) > MaxNameLen && strings.HasPrefix(payload, probePrefix)
+}
 
 // startListener starts the listener goroutine once, unless notifications
 // are off or the client is closing.
@@ -47,6 +110,12 @@ func (c *Client) listen() {
 		err := c.listenOnce(ctx)
 		c.setListening(false)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errNoNotifications) {
+			// Leave c.listening set: no listener starts again.
+			c.log.Info("leases: notifications do not reach this client (a transaction-mode pooler such as PgBouncer?); waiters poll from now on",
+				"poll_interval", c.cfg.pollInterval)
 			return
 		}
 		c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", backoff)
@@ -76,6 +145,20 @@ func (c *Client) listenOnce(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, sqlListen); err != nil {
 		return dbError("listener: LISTEN", err)
 	}
+	if err := c.probe(ctx, conn); err != nil {
+		if errors.Is(err, errNoNotifications) {
+			// Best effort: behind a pooler this runs on some server
+			// session, most likely the one that LISTENed (PgBouncer
+			// reuses the last released first). A subscription left
+			// behind is harmless: PgBouncer 1.18 drains what reaches an
+			// idle server session (the backend does not block on it
+			// and the notification queue does not grow).
+			uctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, _ = conn.Exec(uctx, sqlUnlisten)
+			cancel()
+		}
+		return err
+	}
 	c.setListening(true)
 	c.wakeAll()
 	for {
@@ -103,9 +186,44 @@ func (c *Client) setListening(ok bool) {
 	}
 }
 
-// notified wakes whoever waits for the released lease.
+// probe proves that notifications reach conn, which has just LISTENed: it
+// sends a probe on the channel from another connection of the pool and
+// waits for it, handling the notifications that arrive meanwhile. It
+// returns errNoNotifications if the probe does not arrive within
+// probeTimeout of being sent, and another error if it could not be sent or
+// conn failed.
+func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
+	payload := probePayload()
+	sctx, cancel := context.WithTimeout(ctx, probeSendTimeout)
+	_, err := c.pool.Exec(sctx, sqlProbe, notifyChannel, payload)
+	cancel()
+	if err != nil {
+		return dbError("listener: send probe notification", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return fmt.Errorf("leases: listener: wait for probe notification: %w", ctx.Err())
+		case wctx.Err() != nil && !conn.IsClosed():
+			return errNoNotifications
+		default:
+			return dbError("listener: wait for probe notification", err)
+		}
+		if n.Channel == notifyChannel && n.Payload == payload {
+			return nil
+		}
+		c.notified(n)
+	}
+}
+
+// notified wakes whoever waits for the released lease. Probes (this
+// client's or another's) name no lease and are ignored.
 func (c *Client) notified(n *pgconn.Notification) {
-	if n.Channel != notifyChannel {
+	if n.Channel != notifyChannel || isProbe(n.Payload) {
 		return
 	}
 	c.wakeName(n.Payload)
