@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 )
@@ -171,18 +170,18 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 		return nil, fmt.Errorf("pglock: %s %q: acquire connection: %w", m.op, name, err)
 	}
 	granted := true
-	var tag pgconn.CommandTag
+	var pid uint32
 	switch {
 	case m.try && m.shared:
-		err = conn.QueryRow(ctx, sqlTryLockShared, key).Scan(&granted)
+		err = conn.QueryRow(ctx, sqlTryLockShared, key).Scan(&pid, &granted)
 	case m.try:
-		err = conn.QueryRow(ctx, sqlTryLock, key).Scan(&granted)
+		err = conn.QueryRow(ctx, sqlTryLock, key).Scan(&pid, &granted)
 	case m.shared:
-		tag, err = conn.Exec(ctx, sqlLockShared, key)
+		err = conn.QueryRow(ctx, sqlLockShared, key).Scan(&pid, nil)
 	default:
-		tag, err = conn.Exec(ctx, sqlLock, key)
+		err = conn.QueryRow(ctx, sqlLock, key).Scan(&pid, nil)
 	}
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && !m.try && tag.RowsAffected() == 0 {
+	if errors.Is(err, pgx.ErrNoRows) {
 		// A standby: the lock function never ran, the session holds nothing.
 		conn.Release()
 		l.m.recordWait(ctx, name, m, waitError, start, time.Now())
@@ -200,6 +199,21 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 		conn.Release() // PostgreSQL said no: this session holds nothing new.
 		l.m.recordWait(ctx, name, m, waitLocked, start, now)
 		return nil, fmt.Errorf("%w: %q", ErrLocked, name)
+	}
+	// On a direct connection the answering backend is the one the
+	// connection was opened to, and there is nothing to check. Through a
+	// pooler the pid differs (PgBouncer hands clients keys of its own), and
+	// the lock must be proven to belong to the session we still talk to.
+	if pid != conn.Conn().PgConn().PID() {
+		if err := verifySession(ctx, conn.Conn(), key, m.shared); err != nil {
+			// The lock went to a server session this connection may no
+			// longer reach (a transaction-mode pooler: ErrPooler), or the
+			// check failed: either way the lock state is in doubt, so the
+			// session goes.
+			destroy(conn, l.cfg.log, "session check failed", name)
+			l.m.recordWait(ctx, name, m, waitOutcomeOf(ctx), start, time.Now())
+			return nil, fmt.Errorf("pglock: %s %q: %w", m.op, name, err)
+		}
 	}
 	l.m.recordWait(ctx, name, m, waitAcquired, start, now)
 	lk := newLock(l, conn, name, key, m.shared, now)
