@@ -79,7 +79,7 @@ func rawTryLockUnlock(ctx context.Context, pool *pgxpool.Pool, name string) erro
 	defer conn.Release()
 	key := Key(name)
 	var ok bool
-	if err := conn.QueryRow(ctx, sqlTryLock, key).Scan(&ok); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil { // what a raw user writes
 		return err
 	}
 	if !ok {
