@@ -105,9 +105,11 @@ func WithPollInterval(d time.Duration) Option {
 // WithNotifications turns the LISTEN/NOTIFY listener on or off. When on
 // (the default), the client opens one dedicated connection, taken from the
 // pool and hijacked, the first time something waits or observes; releases
-// then wake waiters at once. Turn it off behind a transaction-mode pooler to
-// skip the failing LISTEN attempts; waiters then only poll. Releases still
-// send notifications either way.
+// then wake waiters at once. Behind a transaction-mode pooler the client
+// finds out by itself that notifications never arrive (a probe NOTIFY) and
+// falls back to polling; turning the listener off there only saves its
+// connection and the 2s probe. Releases still send notifications either
+// way.
 func WithNotifications(enabled bool) Option {
 	return func(c *config) error {
 		c.notify = enabled

@@ -135,4 +135,19 @@
 // transactions, and the lock's loss detection watches the wrong thing. Use
 // XactLock/TryXactLock (released at the end of the transaction) or a lease
 // there, or connect pglock directly or through session-mode pooling.
+//
+// pglock detects such a pooler where PostgreSQL lets it: the lock
+// statement returns the answering backend's pid, and when that is not the
+// pid the connection was opened to (PgBouncer hands clients keys of its
+// own), a second statement checks that the session now answering holds the
+// lock. If it does not, the connection is destroyed and the call returns
+// ErrPooler. The check is conclusive only when it fails: an idle pooler may
+// hand a lone client the same server session again. A direct connection
+// pays nothing for it.
+//
+// # Standbys
+//
+// A hot standby grants advisory locks, but they exclude nobody on the
+// primary. Every acquiring statement carries WHERE NOT pg_is_in_recovery(),
+// so on a standby no lock is taken and the call returns ErrStandby.
 package pglock
