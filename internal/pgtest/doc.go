@@ -33,6 +33,12 @@
 // (smart, fast, immediate), kill, and start again: fault-injection tests use
 // it, never the shared server.
 //
+// # PgBouncer
+//
+// StartPgBouncer puts a real PgBouncer (session or transaction pooling) in
+// front of a test server for the deployment tests; it fails the test, with
+// the install hint, when pgbouncer is missing.
+//
 // # Leaks
 //
 // Main, called from a package's TestMain, runs the tests, stops whatever the
