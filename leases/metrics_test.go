@@ -74,7 +74,7 @@ func (m *meterReader) collect(t testing.TB) map[string][]point {
 func attrString(kvs []attribute.KeyValue) string {
 	parts := make([]string, len(kvs))
 	for i, kv := range kvs {
-		parts[i] = string(kv.Key) + "=" + kv.Value.Emit()
+		parts[i] = string(kv.Key) + "=" + kv.Value.String()
 	}
 	return strings.Join(parts, ",")
 }
