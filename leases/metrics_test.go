@@ -10,109 +10,20 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/pgfence/pgfence/internal/metrictest"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
-
-// meterReader is an SDK MeterProvider with a ManualReader: what a Client
-// records on it can be read back synchronously.
-type meterReader struct {
-	mp     *sdkmetric.MeterProvider
-	reader *sdkmetric.ManualReader
-}
-
-func newMeterReader(t testing.TB) *meterReader {
-	t.Helper()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	return &meterReader{mp: mp, reader: reader}
-}
-
-// point is one data point of a histogram or a counter, flattened.
-type point struct {
-	attrs string  // "k=v,k=v", sorted by key
-	count uint64  // histogram: number of measurements
-	sum   float64 // histogram: sum; counter: value
-	max   float64 // histogram
-}
-
-// collect returns every data point recorded so far, by instrument name.
-func (m *meterReader) collect(t testing.TB) map[string][]point {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := m.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatalf("collect metrics: %v", err)
-	}
-	out := map[string][]point{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, mt := range sm.Metrics {
-			switch d := mt.Data.(type) {
-			case metricdata.Histogram[float64]:
-				for _, dp := range d.DataPoints {
-					mx, _ := dp.Max.Value()
-					out[mt.Name] = append(out[mt.Name], point{attrs: attrString(dp.Attributes.ToSlice()), count: dp.Count, sum: dp.Sum, max: mx})
-				}
-			case metricdata.Sum[int64]:
-				for _, dp := range d.DataPoints {
-					out[mt.Name] = append(out[mt.Name], point{attrs: attrString(dp.Attributes.ToSlice()), sum: float64(dp.Value)})
-				}
-			default:
-				t.Fatalf("metric %s: unexpected data %T", mt.Name, mt.Data)
-			}
-		}
-	}
-	return out
-}
-
-// attrString formats attributes (sorted by key, as attribute.Set keeps
-// them) as "k=v,k=v".
-func attrString(kvs []attribute.KeyValue) string {
-	parts := make([]string, len(kvs))
-	for i, kv := range kvs {
-		parts[i] = string(kv.Key) + "=" + kv.Value.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-// find returns the point of name whose attributes are exactly attrs
-// ("k=v,k=v" sorted by key), or fails t.
-func find(t testing.TB, got map[string][]point, name, attrs string) point {
-	t.Helper()
-	for _, p := range got[name] {
-		if p.attrs == attrs {
-			return p
-		}
-	}
-	t.Fatalf("%s{%s}: no data point; have %v", name, attrs, got[name])
-	return point{}
-}
-
-// total sums the counts (histograms) or values (counters) of name.
-func total(got map[string][]point, name string) float64 {
-	var n float64
-	for _, p := range got[name] {
-		if p.count > 0 {
-			n += float64(p.count)
-		} else {
-			n += p.sum
-		}
-	}
-	return n
-}
 
 // Real grants, waits, renewals and releases report the expected counts and
 // durations: the waiter's acquire covers the holder's hold while it
 // waited, the holder's hold covers the time it was held.
 func TestMetricsAcquireHoldRenew(t *testing.T) {
 	t.Parallel()
-	mr := newMeterReader(t)
+	mr := metrictest.New(t)
 	waiting := make(chan struct{}, 1)
-	cs, _ := clients(t, 2, WithMeterProvider(mr.mp), withWaitHook(func(string) {
+	cs, _ := clients(t, 2, WithMeterProvider(mr.MP), withWaitHook(func(string) {
 		select {
 		case waiting <- struct{}{}:
 		default:
@@ -170,40 +81,40 @@ func TestMetricsAcquireHoldRenew(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got := mr.collect(t)
-	if p := find(t, got, metricAcquire, "outcome=acquired,try=true"); p.count != 1 {
-		t.Errorf("TryAcquire acquired = %d, want 1", p.count)
+	got := mr.Collect(t)
+	if p := metrictest.Find(t, got, metricAcquire, "outcome=acquired,try=true"); p.Count != 1 {
+		t.Errorf("TryAcquire acquired = %d, want 1", p.Count)
 	}
-	if p := find(t, got, metricAcquire, "outcome=held,try=true"); p.count != 1 {
-		t.Errorf("TryAcquire held = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricAcquire, "outcome=held,try=true"); p.Count != 1 {
+		t.Errorf("TryAcquire held = %d, want 1", p.Count)
 	}
-	if p := find(t, got, metricAcquire, "outcome=canceled,try=false"); p.count != 1 || p.sum < cancelAfter.Seconds() {
-		t.Errorf("canceled acquires = %d lasting %.3fs, want 1 lasting at least %s", p.count, p.sum, cancelAfter)
+	if p := metrictest.Find(t, got, metricAcquire, "outcome=canceled,try=false"); p.Count != 1 || p.Sum < cancelAfter.Seconds() {
+		t.Errorf("canceled acquires = %d lasting %.3fs, want 1 lasting at least %s", p.Count, p.Sum, cancelAfter)
 	}
-	acquired := find(t, got, metricAcquire, "outcome=acquired,try=false")
-	if acquired.count != 1 {
-		t.Errorf("Acquire acquired = %d, want 1", acquired.count)
+	acquired := metrictest.Find(t, got, metricAcquire, "outcome=acquired,try=false")
+	if acquired.Count != 1 {
+		t.Errorf("Acquire acquired = %d, want 1", acquired.Count)
 	}
-	if minWait := releaseAt.Sub(queuedAt); acquired.max < minWait.Seconds() || acquired.max > waitedFor.Seconds() {
-		t.Errorf("waiter's acquire took %.3fs, want between %s (the hold while it waited) and %s (its whole run)", acquired.max, minWait, waitedFor)
+	if minWait := releaseAt.Sub(queuedAt); acquired.Max < minWait.Seconds() || acquired.Max > waitedFor.Seconds() {
+		t.Errorf("waiter's acquire took %.3fs, want between %s (the hold while it waited) and %s (its whole run)", acquired.Max, minWait, waitedFor)
 	}
-	hold := find(t, got, metricHold, "outcome=released")
-	if hold.count != 2 {
-		t.Errorf("released holds = %d, want 2", hold.count)
+	hold := metrictest.Find(t, got, metricHold, "outcome=released")
+	if hold.Count != 2 {
+		t.Errorf("released holds = %d, want 2", hold.Count)
 	}
-	if hold.max < heldFor.Seconds() {
-		t.Errorf("longest hold %.3fs, want at least %s", hold.max, heldFor)
+	if hold.Max < heldFor.Seconds() {
+		t.Errorf("longest hold %.3fs, want at least %s", hold.Max, heldFor)
 	}
-	if p := find(t, got, metricRenewals, "outcome=renewed"); p.sum < 1 {
-		t.Errorf("renewed = %v, want at least 1", p.sum)
+	if p := metrictest.Find(t, got, metricRenewals, "outcome=renewed"); p.Sum < 1 {
+		t.Errorf("renewed = %v, want at least 1", p.Sum)
 	}
-	if n := total(got, metricLost); n != 0 {
+	if n := metrictest.Total(got, metricLost); n != 0 {
 		t.Errorf("lost = %v, want 0", n)
 	}
 	for name, ps := range got {
 		for _, p := range ps {
-			if strings.Contains(p.attrs, attrName+"=") {
-				t.Errorf("%s{%s}: name attribute without WithNameAttribute", name, p.attrs)
+			if strings.Contains(p.Attrs, attrName+"=") {
+				t.Errorf("%s{%s}: name attribute without WithNameAttribute", name, p.Attrs)
 			}
 		}
 	}
@@ -217,19 +128,19 @@ func TestMetricsLostCauses(t *testing.T) {
 	cases := []struct {
 		name  string
 		cause string
-		run   func(t *testing.T, mr *meterReader) *Lease
+		run   func(t *testing.T, mr *metrictest.Reader) *Lease
 	}{
-		{"own ForceRelease", "force_released", func(t *testing.T, mr *meterReader) *Lease {
-			c, _ := setup(t, WithMeterProvider(mr.mp), WithNotifications(false))
+		{"own ForceRelease", "force_released", func(t *testing.T, mr *metrictest.Reader) *Lease {
+			c, _ := setup(t, WithMeterProvider(mr.MP), WithNotifications(false))
 			l := mustAcquire(t, c, time.Minute)
 			if err := c.ForceRelease(testContext(t), l.Name()); err != nil {
 				t.Fatal(err)
 			}
 			return l // lost at once: ForceRelease renews it now
 		}},
-		{"notified ForceRelease", "force_released", func(t *testing.T, mr *meterReader) *Lease {
+		{"notified ForceRelease", "force_released", func(t *testing.T, mr *metrictest.Reader) *Lease {
 			cs, ps := clients(t, 2)
-			c := newClient(t, ps[0], WithMeterProvider(mr.mp))
+			c := newClient(t, ps[0], WithMeterProvider(mr.MP))
 			waitListening(t, c)
 			l := mustAcquire(t, c, time.Minute)
 			if err := cs[1].ForceRelease(testContext(t), l.Name()); err != nil {
@@ -237,9 +148,9 @@ func TestMetricsLostCauses(t *testing.T) {
 			}
 			return l // the notification makes the holder renew at once
 		}},
-		{"unnoticed ForceRelease, then Renew", "renew_rejected", func(t *testing.T, mr *meterReader) *Lease {
+		{"unnoticed ForceRelease, then Renew", "renew_rejected", func(t *testing.T, mr *metrictest.Reader) *Lease {
 			cs, ps := clients(t, 2)
-			c := newClient(t, ps[0], WithMeterProvider(mr.mp), WithNotifications(false))
+			c := newClient(t, ps[0], WithMeterProvider(mr.MP), WithNotifications(false))
 			l := mustAcquire(t, c, time.Minute)
 			if err := cs[1].ForceRelease(testContext(t), l.Name()); err != nil {
 				t.Fatal(err)
@@ -249,9 +160,9 @@ func TestMetricsLostCauses(t *testing.T) {
 			}
 			return l
 		}},
-		{"unnoticed ForceRelease, then Release", "release_rejected", func(t *testing.T, mr *meterReader) *Lease {
+		{"unnoticed ForceRelease, then Release", "release_rejected", func(t *testing.T, mr *metrictest.Reader) *Lease {
 			cs, ps := clients(t, 2)
-			c := newClient(t, ps[0], WithMeterProvider(mr.mp), WithNotifications(false))
+			c := newClient(t, ps[0], WithMeterProvider(mr.MP), WithNotifications(false))
 			l := mustAcquire(t, c, time.Minute)
 			if err := cs[1].ForceRelease(testContext(t), l.Name()); err != nil {
 				t.Fatal(err)
@@ -261,13 +172,13 @@ func TestMetricsLostCauses(t *testing.T) {
 			}
 			return l
 		}},
-		{"frozen holder past its deadline", "deadline", func(t *testing.T, mr *meterReader) *Lease {
-			c, _ := setup(t, WithMeterProvider(mr.mp), withoutKeepalive())
+		{"frozen holder past its deadline", "deadline", func(t *testing.T, mr *metrictest.Reader) *Lease {
+			c, _ := setup(t, WithMeterProvider(mr.MP), withoutKeepalive())
 			return mustAcquire(t, c, time.Second)
 		}},
-		{"failing renewals past the deadline", "deadline", func(t *testing.T, mr *meterReader) *Lease {
+		{"failing renewals past the deadline", "deadline", func(t *testing.T, mr *metrictest.Reader) *Lease {
 			pool := pgtest.Pool(t)
-			c, err := New(pool, WithMeterProvider(mr.mp))
+			c, err := New(pool, WithMeterProvider(mr.MP))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,7 +191,7 @@ func TestMetricsLostCauses(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			mr := newMeterReader(t)
+			mr := metrictest.New(t)
 			l := tc.run(t, mr)
 			select {
 			case <-l.Done():
@@ -290,35 +201,35 @@ func TestMetricsLostCauses(t *testing.T) {
 			if tc.cause != "release_rejected" && !errors.Is(l.Err(), ErrLost) {
 				t.Fatalf("Err = %v, want ErrLost", l.Err())
 			}
-			got := mr.collect(t) // recorded before the context ended (or Release returned)
-			if p := find(t, got, metricLost, "cause="+tc.cause); p.sum != 1 {
-				t.Errorf("lost{cause=%s} = %v, want 1", tc.cause, p.sum)
+			got := mr.Collect(t) // recorded before the context ended (or Release returned)
+			if p := metrictest.Find(t, got, metricLost, "cause="+tc.cause); p.Sum != 1 {
+				t.Errorf("lost{cause=%s} = %v, want 1", tc.cause, p.Sum)
 			}
-			if n := total(got, metricLost); n != 1 {
+			if n := metrictest.Total(got, metricLost); n != 1 {
 				t.Errorf("lost = %v, want 1: %v", n, got[metricLost])
 			}
-			if p := find(t, got, metricHold, "outcome=lost"); p.count != 1 {
-				t.Errorf("lost holds = %d, want 1", p.count)
+			if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Count != 1 {
+				t.Errorf("lost holds = %d, want 1", p.Count)
 			}
 			switch tc.cause {
 			case "force_released", "renew_rejected":
-				if p := find(t, got, metricRenewals, "outcome=lost"); p.sum != 1 {
-					t.Errorf("renewals{outcome=lost} = %v, want 1", p.sum)
+				if p := metrictest.Find(t, got, metricRenewals, "outcome=lost"); p.Sum != 1 {
+					t.Errorf("renewals{outcome=lost} = %v, want 1", p.Sum)
 				}
 			case "deadline":
 				// The hold ends at the local deadline: TTL − margin after
 				// the grant request started, which is before the grant
 				// was received.
-				if p := find(t, got, metricHold, "outcome=lost"); p.sum > (time.Second - margin(time.Second)).Seconds() {
-					t.Errorf("hold %.3fs, longer than TTL − margin", p.sum)
+				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum > (time.Second - margin(time.Second)).Seconds() {
+					t.Errorf("hold %.3fs, longer than TTL − margin", p.Sum)
 				}
-				if p := find(t, got, metricHold, "outcome=lost"); p.sum < 0.5 {
-					t.Errorf("hold %.3fs, want about 0.9s (TTL − margin, less the grant's round trip)", p.sum)
+				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum < 0.5 {
+					t.Errorf("hold %.3fs, want about 0.9s (TTL − margin, less the grant's round trip)", p.Sum)
 				}
 			}
 			if tc.name == "failing renewals past the deadline" {
-				if p := find(t, got, metricRenewals, "outcome=error"); p.sum < 1 {
-					t.Errorf("renewals{outcome=error} = %v, want at least 1", p.sum)
+				if p := metrictest.Find(t, got, metricRenewals, "outcome=error"); p.Sum < 1 {
+					t.Errorf("renewals{outcome=error} = %v, want at least 1", p.Sum)
 				}
 			}
 		})
@@ -340,9 +251,9 @@ func mustAcquire(t *testing.T, c *Client, ttl time.Duration) *Lease {
 // others' providers; a nil provider is invalid.
 func TestMetricsNameAttributeAndDefault(t *testing.T) {
 	t.Parallel()
-	mr := newMeterReader(t)
+	mr := metrictest.New(t)
 	pool := pgtest.Pool(t)
-	named := newClient(t, pool, WithMeterProvider(mr.mp), WithNameAttribute(true))
+	named := newClient(t, pool, WithMeterProvider(mr.MP), WithNameAttribute(true))
 	quiet := newClient(t, pool)
 	ctx := testContext(t)
 	for _, c := range []*Client{quiet, named, quiet} {
@@ -357,15 +268,15 @@ func TestMetricsNameAttributeAndDefault(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got := mr.collect(t)
-	if p := find(t, got, metricAcquire, "name=job,outcome=acquired,try=true"); p.count != 1 {
-		t.Errorf("acquires = %d, want 1 (only the client with the provider)", p.count)
+	got := mr.Collect(t)
+	if p := metrictest.Find(t, got, metricAcquire, "name=job,outcome=acquired,try=true"); p.Count != 1 {
+		t.Errorf("acquires = %d, want 1 (only the client with the provider)", p.Count)
 	}
-	if p := find(t, got, metricHold, "name=job,outcome=released"); p.count != 1 {
-		t.Errorf("holds = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricHold, "name=job,outcome=released"); p.Count != 1 {
+		t.Errorf("holds = %d, want 1", p.Count)
 	}
-	if p := find(t, got, metricRenewals, "name=job,outcome=renewed"); p.sum != 1 {
-		t.Errorf("renewals = %v, want 1", p.sum)
+	if p := metrictest.Find(t, got, metricRenewals, "name=job,outcome=renewed"); p.Sum != 1 {
+		t.Errorf("renewals = %v, want 1", p.Sum)
 	}
 	if _, err := New(pool, WithMeterProvider(nil)); !errors.Is(err, ErrInvalid) {
 		t.Errorf("New with WithMeterProvider(nil) = %v, want ErrInvalid", err)
@@ -382,7 +293,7 @@ func BenchmarkRecordNoProvider(b *testing.B) {
 		mp   metric.MeterProvider
 	}{
 		{"global-unset", otel.GetMeterProvider()},
-		{"sdk", newMeterReader(b).mp},
+		{"sdk", metrictest.New(b).MP},
 	}
 	for _, p := range providers {
 		for _, nameAttr := range []bool{false, true} {

@@ -10,109 +10,20 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/pgfence/pgfence/internal/metrictest"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
-
-// meterReader is an SDK MeterProvider with a ManualReader: what a Locker
-// records on it can be read back synchronously.
-type meterReader struct {
-	mp     *sdkmetric.MeterProvider
-	reader *sdkmetric.ManualReader
-}
-
-func newMeterReader(t testing.TB) *meterReader {
-	t.Helper()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	return &meterReader{mp: mp, reader: reader}
-}
-
-// point is one data point of a histogram or a counter, flattened.
-type point struct {
-	attrs string  // "k=v,k=v", sorted by key
-	count uint64  // histogram: number of measurements
-	sum   float64 // histogram: sum; counter: value
-	max   float64 // histogram
-}
-
-// collect returns every data point recorded so far, by instrument name.
-func (m *meterReader) collect(t testing.TB) map[string][]point {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := m.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatalf("collect metrics: %v", err)
-	}
-	out := map[string][]point{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, mt := range sm.Metrics {
-			switch d := mt.Data.(type) {
-			case metricdata.Histogram[float64]:
-				for _, dp := range d.DataPoints {
-					mx, _ := dp.Max.Value()
-					out[mt.Name] = append(out[mt.Name], point{attrs: attrString(dp.Attributes.ToSlice()), count: dp.Count, sum: dp.Sum, max: mx})
-				}
-			case metricdata.Sum[int64]:
-				for _, dp := range d.DataPoints {
-					out[mt.Name] = append(out[mt.Name], point{attrs: attrString(dp.Attributes.ToSlice()), sum: float64(dp.Value)})
-				}
-			default:
-				t.Fatalf("metric %s: unexpected data %T", mt.Name, mt.Data)
-			}
-		}
-	}
-	return out
-}
-
-// attrString formats attributes (sorted by key, as attribute.Set keeps
-// them) as "k=v,k=v".
-func attrString(kvs []attribute.KeyValue) string {
-	parts := make([]string, len(kvs))
-	for i, kv := range kvs {
-		parts[i] = string(kv.Key) + "=" + kv.Value.String()
-	}
-	return strings.Join(parts, ",")
-}
-
-// find returns the point of name whose attributes are exactly attrs
-// ("k=v,k=v" sorted by key), or fails t.
-func find(t testing.TB, got map[string][]point, name, attrs string) point {
-	t.Helper()
-	for _, p := range got[name] {
-		if p.attrs == attrs {
-			return p
-		}
-	}
-	t.Fatalf("%s{%s}: no data point; have %v", name, attrs, got[name])
-	return point{}
-}
-
-// total sums the counts (histograms) or values (counters) of name.
-func total(got map[string][]point, name string) float64 {
-	var n float64
-	for _, p := range got[name] {
-		if p.count > 0 {
-			n += float64(p.count)
-		} else {
-			n += p.sum
-		}
-	}
-	return n
-}
 
 // Real acquires, waits and holds report the expected counts, attributes
 // and durations: a waiter's wait covers the blocker's hold, the blocker's
 // hold covers the time it was held.
 func TestMetricsWaitAndHold(t *testing.T) {
 	t.Parallel()
-	mr := newMeterReader(t)
-	pool, l := setup(t, WithMeterProvider(mr.mp))
+	mr := metrictest.New(t)
+	pool, l := setup(t, WithMeterProvider(mr.MP))
 	ctx := testContext(t)
 
 	blocker, err := l.Lock(ctx, "m")
@@ -176,52 +87,52 @@ func TestMetricsWaitAndHold(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got := mr.collect(t)
-	acquired := find(t, got, metricWait, "mode=exclusive,outcome=acquired,try=false")
-	if acquired.count != 2 {
-		t.Errorf("exclusive acquired waits = %d, want 2", acquired.count)
+	got := mr.Collect(t)
+	acquired := metrictest.Find(t, got, metricWait, "mode=exclusive,outcome=acquired,try=false")
+	if acquired.Count != 2 {
+		t.Errorf("exclusive acquired waits = %d, want 2", acquired.Count)
 	}
 	// The waiter was queued at queuedAt and granted after unlockAt: its
 	// wait covers at least that part of the blocker's hold.
-	if minWait := unlockAt.Sub(queuedAt); acquired.max < minWait.Seconds() {
-		t.Errorf("longest exclusive wait %.3fs, want at least %s (the blocker's hold while the waiter was queued)", acquired.max, minWait)
+	if minWait := unlockAt.Sub(queuedAt); acquired.Max < minWait.Seconds() {
+		t.Errorf("longest exclusive wait %.3fs, want at least %s (the blocker's hold while the waiter was queued)", acquired.Max, minWait)
 	}
-	if acquired.max > waitedFor.Seconds() {
-		t.Errorf("longest exclusive wait %.3fs, longer than the waiter ran (%s)", acquired.max, waitedFor)
+	if acquired.Max > waitedFor.Seconds() {
+		t.Errorf("longest exclusive wait %.3fs, longer than the waiter ran (%s)", acquired.Max, waitedFor)
 	}
-	if p := find(t, got, metricWait, "mode=exclusive,outcome=locked,try=true"); p.count != 1 {
-		t.Errorf("TryLock locked = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricWait, "mode=exclusive,outcome=locked,try=true"); p.Count != 1 {
+		t.Errorf("TryLock locked = %d, want 1", p.Count)
 	}
-	if p := find(t, got, metricWait, "mode=shared,outcome=locked,try=true"); p.count != 1 {
-		t.Errorf("TryRLock locked = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricWait, "mode=shared,outcome=locked,try=true"); p.Count != 1 {
+		t.Errorf("TryRLock locked = %d, want 1", p.Count)
 	}
-	if p := find(t, got, metricWait, "mode=exclusive,outcome=canceled,try=false"); p.count != 1 || p.sum < cancelAfter.Seconds() {
-		t.Errorf("canceled waits = %d lasting %.3fs, want 1 lasting at least %s", p.count, p.sum, cancelAfter)
+	if p := metrictest.Find(t, got, metricWait, "mode=exclusive,outcome=canceled,try=false"); p.Count != 1 || p.Sum < cancelAfter.Seconds() {
+		t.Errorf("canceled waits = %d lasting %.3fs, want 1 lasting at least %s", p.Count, p.Sum, cancelAfter)
 	}
-	if p := find(t, got, metricWait, "mode=shared,outcome=acquired,try=false"); p.count != 1 {
-		t.Errorf("shared acquired = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricWait, "mode=shared,outcome=acquired,try=false"); p.Count != 1 {
+		t.Errorf("shared acquired = %d, want 1", p.Count)
 	}
-	if n := total(got, metricWait); n != 6 {
+	if n := metrictest.Total(got, metricWait); n != 6 {
 		t.Errorf("wait measurements = %v, want 6: %v", n, got[metricWait])
 	}
 
-	hold := find(t, got, metricHold, "mode=exclusive,outcome=unlocked")
-	if hold.count != 2 {
-		t.Errorf("exclusive holds = %d, want 2", hold.count)
+	hold := metrictest.Find(t, got, metricHold, "mode=exclusive,outcome=unlocked")
+	if hold.Count != 2 {
+		t.Errorf("exclusive holds = %d, want 2", hold.Count)
 	}
-	if hold.max < heldFor.Seconds() {
-		t.Errorf("longest exclusive hold %.3fs, want at least %s (the blocker's)", hold.max, heldFor)
+	if hold.Max < heldFor.Seconds() {
+		t.Errorf("longest exclusive hold %.3fs, want at least %s (the blocker's)", hold.Max, heldFor)
 	}
-	if p := find(t, got, metricHold, "mode=shared,outcome=unlocked"); p.count != 1 {
-		t.Errorf("shared holds = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricHold, "mode=shared,outcome=unlocked"); p.Count != 1 {
+		t.Errorf("shared holds = %d, want 1", p.Count)
 	}
-	if n := total(got, metricLost); n != 0 {
+	if n := metrictest.Total(got, metricLost); n != 0 {
 		t.Errorf("lost = %v, want 0", n)
 	}
 	for name, ps := range got {
 		for _, p := range ps {
-			if strings.Contains(p.attrs, attrName+"=") {
-				t.Errorf("%s{%s}: name attribute without WithNameAttribute", name, p.attrs)
+			if strings.Contains(p.Attrs, attrName+"=") {
+				t.Errorf("%s{%s}: name attribute without WithNameAttribute", name, p.Attrs)
 			}
 		}
 	}
@@ -233,8 +144,8 @@ func TestMetricsWaitAndHold(t *testing.T) {
 // point carries the name.
 func TestMetricsLostWithName(t *testing.T) {
 	t.Parallel()
-	mr := newMeterReader(t)
-	pool, l := setup(t, WithMeterProvider(mr.mp), WithNameAttribute(true))
+	mr := metrictest.New(t)
+	pool, l := setup(t, WithMeterProvider(mr.MP), WithNameAttribute(true))
 	ctx := testContext(t)
 	lk, err := l.Lock(ctx, "victim")
 	if err != nil {
@@ -251,25 +162,25 @@ func TestMetricsLostWithName(t *testing.T) {
 		t.Fatal("Done not closed after pg_terminate_backend")
 	}
 	// Recorded before Done closed.
-	got := mr.collect(t)
-	if p := find(t, got, metricLost, "cause=session_ended,mode=exclusive,name=victim"); p.sum != 1 {
-		t.Errorf("lost = %v, want 1", p.sum)
+	got := mr.Collect(t)
+	if p := metrictest.Find(t, got, metricLost, "cause=session_ended,mode=exclusive,name=victim"); p.Sum != 1 {
+		t.Errorf("lost = %v, want 1", p.Sum)
 	}
-	if p := find(t, got, metricHold, "mode=exclusive,name=victim,outcome=lost"); p.count != 1 {
-		t.Errorf("lost holds = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricHold, "mode=exclusive,name=victim,outcome=lost"); p.Count != 1 {
+		t.Errorf("lost holds = %d, want 1", p.Count)
 	}
-	if p := find(t, got, metricWait, "mode=exclusive,name=victim,outcome=acquired,try=false"); p.count != 1 {
-		t.Errorf("waits = %d, want 1", p.count)
+	if p := metrictest.Find(t, got, metricWait, "mode=exclusive,name=victim,outcome=acquired,try=false"); p.Count != 1 {
+		t.Errorf("waits = %d, want 1", p.Count)
 	}
 	if err := lk.Unlock(ctx); !errors.Is(err, ErrLost) {
 		t.Errorf("Unlock after loss = %v, want ErrLost", err)
 	}
 	// Unlock after the loss records nothing more.
-	got = mr.collect(t)
-	if n := total(got, metricHold); n != 1 {
+	got = mr.Collect(t)
+	if n := metrictest.Total(got, metricHold); n != 1 {
 		t.Errorf("hold measurements after Unlock = %v, want still 1", n)
 	}
-	if n := total(got, metricLost); n != 1 {
+	if n := metrictest.Total(got, metricLost); n != 1 {
 		t.Errorf("lost after Unlock = %v, want still 1", n)
 	}
 }
@@ -279,10 +190,10 @@ func TestMetricsLostWithName(t *testing.T) {
 // nothing on another Locker's provider. A nil provider is invalid.
 func TestMetricsDefaultProvider(t *testing.T) {
 	t.Parallel()
-	mr := newMeterReader(t)
+	mr := metrictest.New(t)
 	pool := newPool(t, pgtest.URL(t), 4)
 	quiet := New(pool)
-	counted := New(pool, WithMeterProvider(mr.mp))
+	counted := New(pool, WithMeterProvider(mr.MP))
 	ctx := testContext(t)
 	for range 3 {
 		lk, err := quiet.TryLock(ctx, "default")
@@ -300,11 +211,11 @@ func TestMetricsDefaultProvider(t *testing.T) {
 	if err := lk.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got := mr.collect(t)
-	if n := total(got, metricWait); n != 1 {
+	got := mr.Collect(t)
+	if n := metrictest.Total(got, metricWait); n != 1 {
 		t.Errorf("wait measurements = %v, want 1 (only the Locker with the provider)", n)
 	}
-	if n := total(got, metricHold); n != 1 {
+	if n := metrictest.Total(got, metricHold); n != 1 {
 		t.Errorf("hold measurements = %v, want 1", n)
 	}
 
@@ -326,7 +237,7 @@ func BenchmarkRecordNoProvider(b *testing.B) {
 	}{
 		{"global-unset", otel.GetMeterProvider()},
 		{"noop", noop.NewMeterProvider()},
-		{"sdk", newMeterReader(b).mp},
+		{"sdk", metrictest.New(b).MP},
 	}
 	for _, p := range providers {
 		for _, nameAttr := range []bool{false, true} {
