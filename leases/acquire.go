@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // Waiting acquirers of one name in one Client form a queue. Only the head
@@ -190,7 +192,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
-		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds()).Scan(&granted,
+		err := c.pool.QueryRow(ctx, leasesql.Grant, name, owner, ttl.Microseconds()).Scan(&granted,
 			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
 		if errors.Is(err, errNoRows) {
 			// The holder committed after this statement's snapshot was

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/leasesql"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -50,14 +51,14 @@ func rawAcquireRelease(ctx context.Context, pool *pgxpool.Pool, name string) err
 	var fence int64
 	var t time.Time
 	var us int64
-	if err := pool.QueryRow(ctx, sqlGrant, name, owner, time.Minute.Microseconds()).Scan(&granted, &owner, &fence, &t, &t, &t, &us); err != nil {
+	if err := pool.QueryRow(ctx, leasesql.Grant, name, owner, time.Minute.Microseconds()).Scan(&granted, &owner, &fence, &t, &t, &t, &us); err != nil {
 		return err
 	}
 	if !granted {
 		return fmt.Errorf("raw: %q held", name)
 	}
 	var live bool
-	return pool.QueryRow(ctx, sqlRelease, name, owner, fence).Scan(new(string), &live)
+	return pool.QueryRow(ctx, leasesql.Release, name, owner, fence).Scan(new(string), &live)
 }
 
 // parallel runs b.N calls of op split over g goroutines, each with its own

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+
+	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 var errNoRows = pgx.ErrNoRows
@@ -153,7 +155,7 @@ func (c *Client) Get(ctx context.Context, name string) (Info, error) {
 func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, error) {
 	info := Info{Name: name}
 	var remainingUS int64
-	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
+	err := c.pool.QueryRow(ctx, leasesql.Get, name).Scan(&info.Name, &info.Owner, &info.Fence,
 		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
 	if errors.Is(err, errNoRows) {
 		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
@@ -167,7 +169,7 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 // List returns every live grant (expires_at in the future by the database
 // clock), ordered by name. ctx bounds the query.
 func (c *Client) List(ctx context.Context) ([]Info, error) {
-	rows, err := c.pool.Query(ctx, sqlList)
+	rows, err := c.pool.Query(ctx, leasesql.List)
 	if err != nil {
 		return nil, dbError("list", err)
 	}
@@ -204,7 +206,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	}
 	c.mu.Unlock()
 	var live bool
-	err := c.pool.QueryRow(ctx, sqlForceRelease, name).Scan(new(string), &live)
+	err := c.pool.QueryRow(ctx, leasesql.ForceRelease, name).Scan(new(string), &live)
 	if errors.Is(err, errNoRows) || err == nil && !live {
 		return fmt.Errorf("force-release %q: %w", name, ErrNotHeld)
 	}
@@ -217,7 +219,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		c.checkHeldLocked(name)
 		c.mu.Unlock()
 	} else {
-		// sqlForceRelease does not return the grant it ended.
+		// leasesql.ForceRelease does not return the grant it ended.
 		c.log.Info("leases: force-released", "name", name)
 	}
 	return nil
@@ -238,7 +240,7 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 	for i, l := range ls {
 		names[i], owners[i], fences[i] = l.name, l.owner, l.fence
 	}
-	if _, err := c.pool.Exec(ctx, sqlReleaseBatch, names, owners, fences); err != nil {
+	if _, err := c.pool.Exec(ctx, leasesql.ReleaseBatch, names, owners, fences); err != nil {
 		return dbError(op, err)
 	}
 	for _, l := range ls {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // Info describes a grant of a lease as stored in PostgreSQL. Times are the
@@ -118,7 +119,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	start := time.Now()
 	var expiresAt time.Time
-	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
+	err := l.c.pool.QueryRow(ctx, leasesql.Renew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
 	if errors.Is(err, errNoRows) {
 		l.c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
@@ -158,7 +159,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		c.mu.Unlock()
 		// End the grant anyway in case it is still ours (lost at the local
 		// deadline before the server's expiry): hand-over sooner.
-		_, _ = c.pool.Exec(ctx, sqlRelease, l.name, l.owner, l.fence)
+		_, _ = c.pool.Exec(ctx, leasesql.Release, l.name, l.owner, l.fence)
 		return context.Cause(l.ctx)
 	case stateHeld:
 		l.state = stateReleasing
@@ -171,7 +172,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	c.wakeQueue(l.name)
 
 	var live bool
-	err := c.pool.QueryRow(ctx, sqlRelease, l.name, l.owner, l.fence).Scan(new(string), &live)
+	err := c.pool.QueryRow(ctx, leasesql.Release, l.name, l.owner, l.fence).Scan(new(string), &live)
 	switch {
 	case errors.Is(err, errNoRows) && !wasHeld:
 		// An earlier Release (or Close) that reported an error ended it.

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // The listener is one goroutine per Client, started the first time
@@ -60,12 +62,6 @@ const (
 	// probePrefix starts every probe payload. A probe payload is longer
 	// than MaxNameLen, so it can never be a lease name.
 	probePrefix = "pgfence-probe:"
-
-	// sqlProbe sends the probe notification (here rather than in sql.go
-	// while sql.go is being reworked; move it there).
-	sqlProbe = `SELECT pg_notify($1, $2)`
-	// sqlUnlisten ends the subscription on a connection given up on.
-	sqlUnlisten = `UNLISTEN *`
 )
 
 // errNoNotifications means LISTEN succeeded but the probe notification
@@ -142,7 +138,7 @@ func (c *Client) listenOnce(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, sqlListen); err != nil {
+	if _, err := conn.Exec(ctx, leasesql.Listen); err != nil {
 		return dbError("listener: LISTEN", err)
 	}
 	if err := c.probe(ctx, conn); err != nil {
@@ -154,7 +150,7 @@ func (c *Client) listenOnce(ctx context.Context) error {
 			// idle server session (the backend does not block on it
 			// and the notification queue does not grow).
 			uctx, cancel := context.WithTimeout(ctx, time.Second)
-			_, _ = conn.Exec(uctx, sqlUnlisten)
+			_, _ = conn.Exec(uctx, leasesql.Unlisten)
 			cancel()
 		}
 		return err
@@ -195,7 +191,7 @@ func (c *Client) setListening(ok bool) {
 func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 	payload := probePayload()
 	sctx, cancel := context.WithTimeout(ctx, probeSendTimeout)
-	_, err := c.pool.Exec(sctx, sqlProbe, notifyChannel, payload)
+	_, err := c.pool.Exec(sctx, leasesql.Probe, leasesql.NotifyChannel, payload)
 	cancel()
 	if err != nil {
 		return dbError("listener: send probe notification", err)
@@ -213,7 +209,7 @@ func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 		default:
 			return dbError("listener: wait for probe notification", err)
 		}
-		if n.Channel == notifyChannel && n.Payload == payload {
+		if n.Channel == leasesql.NotifyChannel && n.Payload == payload {
 			return nil
 		}
 		c.notified(n)
@@ -223,7 +219,7 @@ func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 // notified wakes whoever waits for the released lease. Probes (this
 // client's or another's) name no lease and are ignored.
 func (c *Client) notified(n *pgconn.Notification) {
-	if n.Channel != notifyChannel || isProbe(n.Payload) {
+	if n.Channel != leasesql.NotifyChannel || isProbe(n.Payload) {
 		return
 	}
 	c.wakeName(n.Payload)

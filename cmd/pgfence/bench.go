@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/leasesql"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -43,54 +44,16 @@ releases every lease and lock it takes. It needs the pgfence schema
 (pgfence migrate up). Run it where the production clients run: the figures
 are mostly network round trips.`
 
-// Raw baselines. The lease statements are copies of the ones the leases
-// package sends (sqlGrant, sqlRelease in leases/sql.go): keep them in step.
+// Raw baselines: the lease statements are the very ones the leases package
+// sends (internal/leasesql), so the comparison measures the library around
+// them and nothing else.
 const (
-	sqlBenchGrant = `
-WITH cur AS (
-    SELECT c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at
-      FROM pgfence.leases AS c
-     WHERE c.name = $1
-), granted AS (
-    INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at)
-    SELECT $1, $2, nextval('pgfence.fence_seq'), clock_timestamp(), clock_timestamp(),
-           clock_timestamp() + $3::bigint * interval '1 microsecond'
-     WHERE NOT EXISTS (SELECT FROM cur WHERE cur.expires_at > clock_timestamp())
-    ON CONFLICT (name) DO UPDATE
-       SET owner       = EXCLUDED.owner,
-           fence       = nextval('pgfence.fence_seq'),
-           acquired_at = clock_timestamp(),
-           renewed_at  = clock_timestamp(),
-           expires_at  = clock_timestamp() + $3::bigint * interval '1 microsecond',
-           metadata    = NULL
-     WHERE l.expires_at <= clock_timestamp()
-    RETURNING l.owner, l.fence, l.acquired_at, l.renewed_at, l.expires_at
-)
-SELECT true, g.owner, g.fence, g.acquired_at, g.renewed_at, g.expires_at,
-       (extract(epoch FROM g.expires_at - clock_timestamp()) * 1000000)::bigint
-  FROM granted AS g
-UNION ALL
-SELECT false, h.owner, h.fence, h.acquired_at, h.renewed_at, h.expires_at,
-       (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000000)::bigint
-  FROM cur AS h
- WHERE NOT EXISTS (SELECT FROM granted)`
-	sqlBenchRelease = `
-WITH cur AS (
-    SELECT c.name, c.expires_at > clock_timestamp() AS live
-      FROM pgfence.leases AS c
-     WHERE c.name = $1 AND c.owner = $2 AND c.fence = $3
-), d AS (
-    UPDATE pgfence.leases AS l
-       SET expires_at = least(l.expires_at, clock_timestamp())
-      FROM cur
-     WHERE l.name = cur.name AND l.owner = $2 AND l.fence = $3
-    RETURNING l.name, cur.live
-)
-SELECT pg_notify('pgfence_leases', d.name), d.live FROM d`
+	sqlBenchGrant      = leasesql.Grant
+	sqlBenchRelease    = leasesql.Release
 	sqlBenchTryLock    = `SELECT pg_try_advisory_lock($1)`
 	sqlBenchUnlock     = `SELECT pg_advisory_unlock($1)`
 	sqlBenchDropSchema = `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`
-	// Lease rows stay after release (see leases/sql.go); the run's names
+	// Lease rows stay after release (see internal/leasesql); the run's names
 	// carry a random run id and are never granted again, so their expired
 	// rows can go.
 	sqlBenchDropLeases = `DELETE FROM pgfence.leases WHERE starts_with(name, $1) AND expires_at <= clock_timestamp()`

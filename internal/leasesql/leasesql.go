@@ -1,15 +1,18 @@
-package leases
+// Package leasesql holds the SQL of package leases, in one place, so that
+// the pgfence command's raw-SQL benchmark baseline sends exactly the
+// statements the library sends and cannot drift from them.
+package leasesql
 
-// All of the package's SQL. Every statement is parameterised, every time
+// Every statement is parameterised, every time
 // comes from the database clock (clock_timestamp()), and TTLs travel as
 // bigint microseconds so that no client-side time arithmetic is involved.
 // Renewal and release name the exact grant — (name, owner, fence) — so a
 // stale holder can never touch a newer grant.
 
-// notifyChannel is the LISTEN/NOTIFY channel; the payload is the lease name.
-const notifyChannel = "pgfence_leases"
+// NotifyChannel is the LISTEN/NOTIFY channel; the payload is the lease name.
+const NotifyChannel = "pgfence_leases"
 
-// sqlGrant takes the lease if nobody holds it or the holder's grant has
+// Grant takes the lease if nobody holds it or the holder's grant has
 // expired by the database clock, in one statement. The first row says
 // whether it was granted and describes the grant, or else the holder
 // (read from the statement's snapshot: when the holder committed after the
@@ -42,7 +45,7 @@ const notifyChannel = "pgfence_leases"
 // across a failover that lost the tail of the WAL; on a standby it fails
 // (SQLSTATE 25006). It is evaluated only when the upsert is attempted;
 // fences only need to increase, not to be dense.
-const sqlGrant = `
+const Grant = `
 WITH cur AS (
     SELECT c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at
       FROM pgfence.leases AS c
@@ -71,14 +74,14 @@ SELECT false, h.owner, h.fence, h.acquired_at, h.renewed_at, h.expires_at,
   FROM cur AS h
  WHERE NOT EXISTS (SELECT FROM granted)`
 
-// sqlRenewBatch renews many grants in one statement (the keepalive's tick).
+// RenewBatch renews many grants in one statement (the keepalive's tick).
 // Rows locked by someone else — a fenced transaction of the holder holds a
 // share lock on its lease row, a contending acquirer locks it briefly — are
 // skipped rather than waited for, so one busy row cannot stall the renewal
 // of every other lease; they come back with busy = true and are retried
 // soon. A grant with expires_at NULL and busy false matched no live row: it
 // is lost.
-const sqlRenewBatch = `
+const RenewBatch = `
 WITH v AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS v(name, owner, fence, ttl_us)
 ), locked AS (
@@ -102,20 +105,20 @@ SELECT v.name, r.expires_at,
               AND l.expires_at > clock_timestamp())
   FROM v LEFT JOIN renewed AS r ON r.name = v.name`
 
-// sqlRenew renews one grant, waiting for row locks (Lease.Renew; the
+// Renew renews one grant, waiting for row locks (Lease.Renew; the
 // caller's context bounds it). No row: the grant is lost.
-const sqlRenew = `
+const Renew = `
 UPDATE pgfence.leases
    SET renewed_at = clock_timestamp(),
        expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond'
  WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()
 RETURNING expires_at`
 
-// sqlRelease ends one grant now and notifies waiters in the same statement.
+// Release ends one grant now and notifies waiters in the same statement.
 // The row stays (expired) so that the next grant of the name draws its
-// fence under the row lock; see sqlGrant. live is false when the grant had
+// fence under the row lock; see Grant. live is false when the grant had
 // already expired.
-const sqlRelease = `
+const Release = `
 WITH cur AS (
     SELECT c.name, c.expires_at > clock_timestamp() AS live
       FROM pgfence.leases AS c
@@ -127,11 +130,11 @@ WITH cur AS (
      WHERE l.name = cur.name AND l.owner = $2 AND l.fence = $3
     RETURNING l.name, cur.live
 )
-SELECT pg_notify('` + notifyChannel + `', d.name), d.live FROM d`
+SELECT pg_notify('` + NotifyChannel + `', d.name), d.live FROM d`
 
-// sqlReleaseBatch ends many grants now and notifies for each (Close, and
+// ReleaseBatch ends many grants now and notifies for each (Close, and
 // grants the client stopped trusting at their local deadline).
-const sqlReleaseBatch = `
+const ReleaseBatch = `
 WITH d AS (
     UPDATE pgfence.leases AS l
        SET expires_at = least(l.expires_at, clock_timestamp())
@@ -139,12 +142,12 @@ WITH d AS (
      WHERE l.name = v.name AND l.owner = v.owner AND l.fence = v.fence
     RETURNING l.name
 )
-SELECT pg_notify('` + notifyChannel + `', d.name) FROM d`
+SELECT pg_notify('` + NotifyChannel + `', d.name) FROM d`
 
-// sqlForceRelease expires whatever grant a lease has, now, and notifies.
+// ForceRelease expires whatever grant a lease has, now, and notifies.
 // The holder's next renewal matches no live row; the next grant takes a new,
 // higher fence.
-const sqlForceRelease = `
+const ForceRelease = `
 WITH cur AS (
     SELECT c.name, c.expires_at > clock_timestamp() AS live
       FROM pgfence.leases AS c
@@ -156,21 +159,27 @@ WITH cur AS (
      WHERE l.name = cur.name
     RETURNING l.name, cur.live
 )
-SELECT pg_notify('` + notifyChannel + `', d.name), d.live FROM d`
+SELECT pg_notify('` + NotifyChannel + `', d.name), d.live FROM d`
 
-// sqlGet reads a lease's live grant, with the time to its expiry.
-const sqlGet = `
+// Get reads a lease's live grant, with the time to its expiry.
+const Get = `
 SELECT name, owner, fence, acquired_at, renewed_at, expires_at,
        (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint
   FROM pgfence.leases
  WHERE name = $1 AND expires_at > clock_timestamp()`
 
-// sqlList reads every live grant.
-const sqlList = `
+// List reads every live grant.
+const List = `
 SELECT name, owner, fence, acquired_at, renewed_at, expires_at
   FROM pgfence.leases
  WHERE expires_at > clock_timestamp()
  ORDER BY name`
 
-// sqlListen subscribes the listener connection.
-const sqlListen = `LISTEN ` + notifyChannel
+// Listen subscribes the listener connection.
+const Listen = `LISTEN ` + NotifyChannel
+
+// Probe sends the listener's probe notification ($1 channel, $2 payload).
+const Probe = `SELECT pg_notify($1, $2)`
+
+// Unlisten ends the subscription on a listener connection given up on.
+const Unlisten = `UNLISTEN *`
