@@ -25,26 +25,6 @@ import (
 // pglock a direct or session-pooled connection.
 var ErrPooler = errors.New("pglock: session advisory locks do not work through a transaction-mode pooler (PgBouncer pool_mode=transaction): use XactLock or leases")
 
-// sqlVerifySession reports the backend that answers and whether that
-// backend holds the advisory lock $1:$2 (classid, objid: the key's high
-// and low 32 bits) granted in mode $3, in this database, as a session lock
-// (objsubid 1, the form pg_advisory_lock(bigint) takes) — and, if it does
-// not, which backend of this database holds that lock in that mode (0 when
-// none). Its parameters are bigint and text so that it runs the same in
-// every pgx query exec mode.
-const sqlVerifySession = `
-WITH mine AS (
-  SELECT pid
-    FROM pg_locks
-   WHERE locktype = 'advisory'
-     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 1
-     AND mode = $3 AND granted
-)
-SELECT pg_backend_pid(),
-       EXISTS (SELECT 1 FROM mine WHERE pid = pg_backend_pid()),
-       COALESCE((SELECT min(pid) FROM mine WHERE pid <> pg_backend_pid()), 0)`
-
 // verifySession checks, right after PostgreSQL granted the session
 // advisory lock key (shared or exclusive) on conn, that the server session
 // conn now talks to is the one holding it. It returns nil if so, and an

@@ -13,21 +13,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// sqlLongLeases lists the unexpired leases of pgfence.lease_status
-// (migration 2) held longer than $1, longest first. Durations come back as
-// seconds so that they need no interval decoding.
-//
-// It lives here rather than in sql.go only because check was added in a
-// change that could not edit sql.go; move it there when next touching both.
-const sqlLongLeases = `
-SELECT name, owner, fence, acquired_at, renewed_at, expires_at, expired,
-       extract(epoch FROM expires_in)::float8 AS expires_in_seconds,
-       extract(epoch FROM held_for)::float8   AS held_for_seconds
-  FROM pgfence.lease_status
- WHERE NOT expired
-   AND held_for > $1
- ORDER BY held_for DESC, name`
-
 // minThreshold is the smallest --max-hold/--max-wait: PostgreSQL measures
 // time in microseconds, and a shorter interval would be sent as zero.
 const minThreshold = time.Microsecond

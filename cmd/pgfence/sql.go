@@ -84,3 +84,16 @@ SELECT EXISTS (SELECT 1 FROM pg_trigger
 	// sqlDemoRows reads the outcome.
 	sqlDemoRows = `SELECT period, worker, fence FROM pgfence_demo.periods ORDER BY period`
 )
+
+// sqlLongLeases lists the unexpired leases of pgfence.lease_status
+// (migration 2) held longer than $1, longest first. Durations come back as
+// seconds so that they need no interval decoding.
+
+const sqlLongLeases = `
+SELECT name, owner, fence, acquired_at, renewed_at, expires_at, expired,
+       extract(epoch FROM expires_in)::float8 AS expires_in_seconds,
+       extract(epoch FROM held_for)::float8   AS held_for_seconds
+  FROM pgfence.lease_status
+ WHERE NOT expired
+   AND held_for > $1
+ ORDER BY held_for DESC, name`
