@@ -41,16 +41,11 @@ type opRecord struct {
 // holder that paused between its check and its write.
 func roleLinear(ctx context.Context, wk *workerSide) error {
 	cfg := wk.cfg
-	pool, err := workerPool(ctx, wk)
+	pool, client, closeAll, err := workerLeases(ctx, wk)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	client, err := leases.New(pool, leases.WithOwner(cfg.ID))
-	if err != nil {
-		return err
-	}
-	defer client.Close()
+	defer closeAll()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	table := pgx.Identifier{cfg.Table}.Sanitize()
 

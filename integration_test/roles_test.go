@@ -31,6 +31,21 @@ func isLeaseLost(err error) bool {
 func isHeld(err error) bool   { return errors.Is(err, leases.ErrHeld) }
 func isLocked(err error) bool { return errors.Is(err, pglock.ErrLocked) }
 
+// workerLeases opens the worker's pool and a leases client owned by the
+// worker's id; closeAll closes the client, then the pool.
+func workerLeases(ctx context.Context, wk *workerSide) (pool *pgxpool.Pool, client *leases.Client, closeAll func(), err error) {
+	pool, err = workerPool(ctx, wk)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	client, err = leases.New(pool, leases.WithOwner(wk.cfg.ID))
+	if err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return pool, client, func() { _ = client.Close(); pool.Close() }, nil
+}
+
 // workerPool opens the worker's pool; application_name is the worker's id,
 // so the parent can find its backends.
 func workerPool(ctx context.Context, wk *workerSide) (*pgxpool.Pool, error) {
@@ -53,16 +68,11 @@ func workerPool(ctx context.Context, wk *workerSide) (*pgxpool.Pool, error) {
 // fence), "retry" (period, err), and "done" after the last period.
 func rolePeriods(ctx context.Context, wk *workerSide) error {
 	cfg := wk.cfg
-	pool, err := workerPool(ctx, wk)
+	pool, client, closeAll, err := workerLeases(ctx, wk)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	client, err := leases.New(pool, leases.WithOwner(cfg.ID))
-	if err != nil {
-		return err
-	}
-	defer client.Close()
+	defer closeAll()
 	table := pgx.Identifier{cfg.Table}.Sanitize()
 	for p := 1; p <= cfg.Periods; p++ {
 		for {
@@ -115,16 +125,11 @@ func rolePeriods(ctx context.Context, wk *workerSide) error {
 // closes (err = its cause), "write" and "renew" (result = errKind).
 func roleLease(ctx context.Context, wk *workerSide) error {
 	cfg := wk.cfg
-	pool, err := workerPool(ctx, wk)
+	pool, client, closeAll, err := workerLeases(ctx, wk)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	client, err := leases.New(pool, leases.WithOwner(cfg.ID))
-	if err != nil {
-		return err
-	}
-	defer client.Close()
+	defer closeAll()
 	l, err := client.Acquire(ctx, cfg.Name, cfg.TTL)
 	if err != nil {
 		return err
