@@ -8,7 +8,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/pgfence/pgfence/internal/instruments"
 )
 
 // Metrics are recorded through the OpenTelemetry metric API only; the
@@ -31,13 +32,6 @@ const (
 	attrCause   = "cause"   // lost
 	attrName    = "name"    // opt-in: WithNameAttribute
 )
-
-// durationBuckets are the histogram boundaries, in seconds: from a
-// millisecond (an uncontended grant) to a day (a long-held lease).
-var durationBuckets = []float64{
-	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-	1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400,
-}
 
 // acquireOutcome says how an Acquire or TryAcquire call ended.
 type acquireOutcome uint8
@@ -99,32 +93,14 @@ type metrics struct {
 // newMetrics creates the instruments on mp. An instrument the provider
 // refuses is replaced by a no-op one and logged: metrics never stop leases.
 func newMetrics(mp metric.MeterProvider, nameAttr bool, log *slog.Logger) *metrics {
-	meter := mp.Meter(meterName)
+	f := instruments.New(mp, meterName)
 	m := &metrics{nameAttr: nameAttr}
-	var errs []error
-	histogram := func(name, desc string) metric.Float64Histogram {
-		h, err := meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
-			metric.WithExplicitBucketBoundaries(durationBuckets...))
-		if err != nil || h == nil {
-			errs = append(errs, err)
-			return noop.Float64Histogram{}
-		}
-		return h
-	}
-	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		if err != nil || c == nil {
-			errs = append(errs, err)
-			return noop.Int64Counter{}
-		}
-		return c
-	}
-	m.acquire = histogram(metricAcquire, "Time from an Acquire or TryAcquire call to the grant or the failure, waiting included.")
-	m.hold = histogram(metricHold, "Time a lease grant was held by this client, from the grant to Release, Close or loss.")
-	m.renewals = counter(metricRenewals, "{renewal}", "Renewal attempts, per lease, by the keepalive and Lease.Renew.")
-	m.lost = counter(metricLost, "{lease}", "Held leases that were lost, by cause.")
-	if len(errs) > 0 {
-		log.Warn("leases: metric instruments unavailable; using no-op instruments", "err", errors.Join(errs...))
+	m.acquire = f.Duration(metricAcquire, "Time from an Acquire or TryAcquire call to the grant or the failure, waiting included.")
+	m.hold = f.Duration(metricHold, "Time a lease grant was held by this client, from the grant to Release, Close or loss.")
+	m.renewals = f.Counter(metricRenewals, "{renewal}", "Renewal attempts, per lease, by the keepalive and Lease.Renew.")
+	m.lost = f.Counter(metricLost, "{lease}", "Held leases that were lost, by cause.")
+	if err := f.Err(); err != nil {
+		log.Warn("leases: metric instruments unavailable; using no-op instruments", "err", err)
 	}
 
 	for t, try := range []bool{false, true} {

@@ -2,13 +2,13 @@ package pglock
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/pgfence/pgfence/internal/instruments"
 )
 
 // Metrics are recorded through the OpenTelemetry metric API only; the
@@ -31,13 +31,6 @@ const (
 	attrCause   = "cause"   // lost: session_ended | liveness_failed | not_held
 	attrName    = "name"    // opt-in: WithNameAttribute
 )
-
-// durationBuckets are the histogram boundaries, in seconds: from a
-// millisecond (an uncontended grant) to a day (a long-held lock).
-var durationBuckets = []float64{
-	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-	1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400,
-}
 
 // waitOutcome says how an acquire ended.
 type waitOutcome uint8
@@ -88,35 +81,13 @@ func modeName(shared bool) string {
 // newMetrics creates the instruments on mp. An instrument the provider
 // refuses is replaced by a no-op one and logged: metrics never stop locking.
 func newMetrics(mp metric.MeterProvider, nameAttr bool, log *slog.Logger) *metrics {
-	meter := mp.Meter(meterName)
+	f := instruments.New(mp, meterName)
 	m := &metrics{nameAttr: nameAttr}
-	var errs []error
-	var err error
-	m.wait, err = meter.Float64Histogram(metricWait,
-		metric.WithUnit("s"),
-		metric.WithDescription("Time from a Lock, RLock, TryLock or TryRLock call to the grant or the failure, connection acquisition included."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	if err != nil || m.wait == nil {
-		errs = append(errs, err)
-		m.wait = noop.Float64Histogram{}
-	}
-	m.hold, err = meter.Float64Histogram(metricHold,
-		metric.WithUnit("s"),
-		metric.WithDescription("Time a session advisory lock was held, from the grant to Unlock or loss."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
-	if err != nil || m.hold == nil {
-		errs = append(errs, err)
-		m.hold = noop.Float64Histogram{}
-	}
-	m.lost, err = meter.Int64Counter(metricLost,
-		metric.WithUnit("{lock}"),
-		metric.WithDescription("Held session advisory locks that were lost (the session died, stopped answering, or no longer held the lock at Unlock)."))
-	if err != nil || m.lost == nil {
-		errs = append(errs, err)
-		m.lost = noop.Int64Counter{}
-	}
-	if len(errs) > 0 {
-		log.Warn("pglock: metric instruments unavailable; using no-op instruments", slog.Any("err", errors.Join(errs...)))
+	m.wait = f.Duration(metricWait, "Time from a Lock, RLock, TryLock or TryRLock call to the grant or the failure, connection acquisition included.")
+	m.hold = f.Duration(metricHold, "Time a session advisory lock was held, from the grant to Unlock or loss.")
+	m.lost = f.Counter(metricLost, "{lock}", "Held session advisory locks that were lost (the session died, stopped answering, or no longer held the lock at Unlock).")
+	if err := f.Err(); err != nil {
+		log.Warn("pglock: metric instruments unavailable; using no-op instruments", slog.Any("err", err))
 	}
 
 	for s, shared := range []bool{false, true} {
