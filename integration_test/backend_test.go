@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -74,11 +73,7 @@ func TestKilledBackend(t *testing.T) {
 		admin := newPool(t, u, "admin")
 		pool := newPool(t, u, "holder")
 		ctx := ctxT(t, time.Minute)
-		client, err := leases.New(pool, leases.WithOwner("holder"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer client.Close()
+		client := newLeases(t, pool, "holder")
 		l, err := client.Acquire(ctx, "survivor", ttl)
 		if err != nil {
 			t.Fatal(err)

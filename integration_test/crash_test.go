@@ -68,11 +68,7 @@ func TestCrash(t *testing.T) {
 		w := startWorker(t, workerConfig{Role: "lease", ID: "holder", URL: u, Name: "crash", TTL: ttl})
 		old := w.await("acquired", time.Minute)
 
-		client, err := leases.New(pool, leases.WithOwner("waiter"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer client.Close()
+		client := newLeases(t, pool, "waiter")
 		if _, err := client.TryAcquire(ctxT(t, 10*time.Second), "crash", ttl); !errors.Is(err, leases.ErrHeld) {
 			t.Fatalf("TryAcquire while the worker holds the lease: %v, want ErrHeld", err)
 		}

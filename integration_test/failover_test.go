@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgcluster"
@@ -160,17 +159,6 @@ func sqlstateOf(err error) string {
 	return ""
 }
 
-// failoverLeases is a leases client over pool, closed at the end of the test.
-func failoverLeases(t *testing.T, pool *pgxpool.Pool, owner string) *leases.Client {
-	t.Helper()
-	c, err := leases.New(pool, leases.WithOwner(owner))
-	if err != nil {
-		t.Fatalf("leases.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 // renewOnNewPrimary renews l until a renewal succeeds (the client has
 // reconnected, through the multi-host URL, to the promoted server and found
 // its grant) and fails t if the lease is lost instead.
@@ -207,7 +195,7 @@ func TestFailoverSync(t *testing.T) {
 	const ttl = 20 * time.Second
 
 	poolA := newPool(t, p.url(), "failover-a")
-	a := failoverLeases(t, poolA, "a")
+	a := newLeases(t, poolA, "a")
 	protectedTable(t, poolA, "failover_items", "id int PRIMARY KEY, holder text NOT NULL")
 
 	var before []int64
@@ -244,7 +232,7 @@ func TestFailoverSync(t *testing.T) {
 
 	// A client pointed at the standby itself.
 	standbyPool := newPool(t, p.standby.URL("postgres"), "failover-standby")
-	sc := failoverLeases(t, standbyPool, "standby")
+	sc := newLeases(t, standbyPool, "standby")
 	if l, err := sc.TryAcquire(ctx, "failover/on-standby", ttl); sqlstateOf(err) != sqlstateReadOnly {
 		t.Errorf("TryAcquire on a standby = %v, %v; want an error with SQLSTATE %s", l, err, sqlstateReadOnly)
 	} else {
@@ -329,7 +317,7 @@ func TestFailoverSync(t *testing.T) {
 
 	// Another client takes over the stale lease after the failover.
 	poolB := newPool(t, p.url(), "failover-b")
-	b := failoverLeases(t, poolB, "b")
+	b := newLeases(t, poolB, "b")
 	if err := b.ForceRelease(ctx, "failover/stale"); err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +384,7 @@ func TestFailoverAsyncLostTail(t *testing.T) {
 	ctx := ctxT(t, 2*time.Minute)
 
 	poolA := newPool(t, p.url(), "failover-async-a")
-	a := failoverLeases(t, poolA, "a")
+	a := newLeases(t, poolA, "a")
 	protectedTable(t, poolA, "async_items", "id int PRIMARY KEY, holder text NOT NULL")
 	pre, err := a.TryAcquire(ctx, "async/pre", 30*time.Second)
 	if err != nil {
@@ -460,7 +448,7 @@ func TestFailoverAsyncLostTail(t *testing.T) {
 		t.Fatalf("no lost grant has fence %d", raw+1)
 	}
 	poolB := newPool(t, p.url(), "failover-async-b")
-	b := failoverLeases(t, poolB, "b")
+	b := newLeases(t, poolB, "b")
 	var taken []*leases.Lease
 	for _, v := range victims {
 		l, err := b.TryAcquire(ctx, v.Name(), 30*time.Second)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leases"
 )
 
 // setup gives a test its own migrated database: its URL, and a cleanup
@@ -174,4 +175,16 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// newLeases opens a leases client over pool with owner prefix owner,
+// closed when t ends.
+func newLeases(t *testing.T, pool *pgxpool.Pool, owner string, opts ...leases.Option) *leases.Client {
+	t.Helper()
+	c, err := leases.New(pool, append([]leases.Option{leases.WithOwner(owner)}, opts...)...)
+	if err != nil {
+		t.Fatalf("leases.New: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

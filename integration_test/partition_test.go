@@ -28,11 +28,7 @@ func TestPartition(t *testing.T) {
 		p := startProxy(t, hostPort(t, u))
 		holder := newPool(t, p.URL(t, u), "holder")
 		ctx := ctxT(t, time.Minute)
-		client, err := leases.New(holder, leases.WithOwner("holder"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer client.Close()
+		client := newLeases(t, holder, "holder")
 		l, err := client.Acquire(ctx, "partitioned", ttl)
 		if err != nil {
 			t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
-	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -51,11 +50,7 @@ func testPauseLease(t *testing.T) {
 		row, ok, err := readLease(ctx, pool, "pause")
 		return ok && !row.live(), err
 	})
-	client, err := leases.New(pool, leases.WithOwner("successor"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := newLeases(t, pool, "successor")
 	l, err := client.Acquire(ctx, "pause", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
-	"github.com/pgfence/pgfence/leases"
 )
 
 // bouncer starts a PgBouncer in mode in front of the server of u (a test
@@ -27,18 +25,6 @@ func bouncer(t *testing.T, u string, mode pgtest.PoolMode, opts ...pgtest.Bounce
 	}
 	b := pgtest.StartPgBouncer(t, u, mode, opts...)
 	return b.URL(cfg.Database) + "&default_query_exec_mode=exec"
-}
-
-// newLeases opens a leases client over pool with owner prefix owner,
-// closed when t ends.
-func newLeases(t *testing.T, pool *pgxpool.Pool, owner string, opts ...leases.Option) *leases.Client {
-	t.Helper()
-	c, err := leases.New(pool, append([]leases.Option{leases.WithOwner(owner)}, opts...)...)
-	if err != nil {
-		t.Fatalf("leases.New: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 // logRecorder is a slog.Handler that keeps every record (all levels), so

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -29,11 +28,7 @@ func TestRestart(t *testing.T) {
 	holder := newPool(t, u, "holder")
 	ctx := ctxT(t, 3*time.Minute)
 
-	client, err := leases.New(holder, leases.WithOwner("holder"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := newLeases(t, holder, "holder")
 	l, err := client.Acquire(ctx, "survivor", ttl)
 	if err != nil {
 		t.Fatal(err)

@@ -17,16 +17,8 @@ func TestTryAcquireDoesNotWaitForHoldersFencedTx(t *testing.T) {
 	u := setup(t)
 	pool := newPool(t, u, "p")
 	protectedTable(t, pool, "resource", "id int PRIMARY KEY")
-	holder, err := leases.New(pool, leases.WithOwner("holder"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	other, err := leases.New(pool, leases.WithOwner("other"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	holder := newLeases(t, pool, "holder")
+	other := newLeases(t, pool, "other")
 	ctx := ctxT(t, time.Minute)
 	l, err := holder.Acquire(ctx, "x", 10*time.Second)
 	if err != nil {
