@@ -58,21 +58,7 @@ func TestTakeoverRace(t *testing.T) {
 // takeoverRace runs the race on a fresh database; prepare, if not nil, runs
 // on the database first.
 func takeoverRace(t *testing.T, prepare func(*pgxpool.Pool)) {
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(bg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	t.Cleanup(func() {
-		if n := pgtest.Acquired(pool); n != 0 {
-			t.Errorf("%d connections still acquired at the end of the test", n)
-		}
-	})
+	pool := pgtest.PoolFor(t, pgtest.URL(t), func(c *pgxpool.Config) { c.MaxConns = 32 })
 	mustExec(t, pool, createItems)
 	if err := fencing.Protect(bg, pool, "items"); err != nil {
 		t.Fatal(err)

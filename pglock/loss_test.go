@@ -190,13 +190,10 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 	direct := newPool(t, url, 4)
 	dcfg := direct.Config().ConnConfig
 	px := startProxy(t, net.JoinHostPort(dcfg.Host, strconv.Itoa(int(dcfg.Port))))
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", px.Port(), nil
-	cfg.MaxConns = 2
-	viaProxy := newPoolConfig(t, cfg)
+	viaProxy := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", px.Port(), nil
+		cfg.MaxConns = 2
+	})
 
 	const interval, timeout = 200 * time.Millisecond, 300 * time.Millisecond
 	l := New(viaProxy, WithLivenessCheck(interval, timeout))

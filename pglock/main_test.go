@@ -13,31 +13,11 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // newPool opens a pool of at most maxConns connections over databaseURL,
-// closed when t ends.
+// closed when t ends (pgtest.PoolFor also checks then that none is still
+// acquired).
 func newPool(t testing.TB, databaseURL string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(databaseURL)
-	if err != nil {
-		t.Fatalf("parse %s: %v", databaseURL, err)
-	}
-	cfg.MaxConns = maxConns
-	return newPoolConfig(t, cfg)
-}
-
-func newPoolConfig(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("open pool: %v", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		t.Fatalf("ping: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgtest.PoolFor(t, databaseURL, func(c *pgxpool.Config) { c.MaxConns = maxConns })
 }
 
 // setup returns a pool over a fresh migrated database and a Locker over it.
@@ -100,7 +80,7 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 // assertIdle checks that no connection of pool is checked out.
 func assertIdle(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
-	if n := pool.Stat().AcquiredConns(); n != 0 {
+	if n := pgtest.Acquired(pool); n != 0 {
 		t.Errorf("pool has %d acquired connections, want 0", n)
 	}
 }

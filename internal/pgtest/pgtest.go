@@ -143,12 +143,22 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return PoolFor(t, URL(t))
 }
 
-// PoolFor opens a pool over databaseURL, closed when t ends.
-func PoolFor(t testing.TB, databaseURL string) *pgxpool.Pool {
+// PoolFor opens a pool over databaseURL, adjusted by opts (pool size, a
+// proxy's address, a tracer), and pings it. When t ends it fails t if a
+// connection is still acquired — whatever the test called must have given
+// its connection back — and closes the pool.
+func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		t.Fatalf("pgtest: parse database URL: %v", err)
+	}
+	for _, o := range opts {
+		o(cfg)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, databaseURL)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("pgtest: open pool: %v", err)
 	}
@@ -156,7 +166,12 @@ func PoolFor(t testing.TB, databaseURL string) *pgxpool.Pool {
 		pool.Close()
 		t.Fatalf("pgtest: ping: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() {
+		defer pool.Close()
+		if n := Acquired(pool); n != 0 {
+			t.Errorf("pgtest: %d connections still acquired from the pool at the end of the test", n)
+		}
+	})
 	return pool
 }
 
