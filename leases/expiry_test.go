@@ -124,7 +124,7 @@ func TestRenewalSurvivesTerminatedBackends(t *testing.T) {
 		}
 		before := l.ExpiresAt()
 		// Wait for a renewal after the kill (within the TTL, or lost).
-		waitFor(t, func() bool { return l.Err() != nil || l.ExpiresAt().After(before) })
+		pgtest.WaitFor(t, testTimeout, "the lease to be renewed or lost", func() bool { return l.Err() != nil || l.ExpiresAt().After(before) })
 		if l.Err() != nil {
 			t.Fatalf("lease lost after its backends were terminated: %v", l.Err())
 		}

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // Hand-over on release takes a notification round trip, far below the
@@ -110,7 +112,7 @@ func TestWaitersDoNotStampede(t *testing.T) {
 		}
 		return 0
 	}
-	waitFor(t, func() bool { return queued() == waiters && attempts.Load() >= 1 })
+	pgtest.WaitFor(t, testTimeout, "every waiter to queue and the head to attempt", func() bool { return queued() == waiters && attempts.Load() >= 1 })
 	// Five wake-ups while the lease is still held: notifications for the
 	// name, as a release elsewhere would send.
 	const wakeups = 5

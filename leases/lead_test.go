@@ -90,7 +90,7 @@ func TestLeadAtMostOneLeader(t *testing.T) {
 	}
 	second := nextTerm(first)
 	t.Logf("after force-release: candidate %d, fence %d", second.candidate, second.fence)
-	waitFor(t, func() bool {
+	pgtest.WaitFor(t, testTimeout, "the force-released leader's fn to end", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return ended[first.fence] != nil
@@ -117,7 +117,7 @@ func TestLeadAtMostOneLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("terminated %d backends of candidate %d", killed, second.candidate)
-	waitFor(t, func() bool {
+	pgtest.WaitFor(t, testTimeout, "a new leader after the terminated backends", func() bool {
 		info, err := adminClient.Get(ctx, "leader")
 		return err == nil && leading.Load() == 1 && info.Fence >= second.fence
 	})

@@ -91,16 +91,3 @@ func pgtestPoolEmpty(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	return pgtest.PoolFor(t, pgtest.EmptyURL(t))
 }
-
-// waitFor waits until cond holds, checking every few milliseconds, for at
-// most testTimeout.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

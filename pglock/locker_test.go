@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 func TestLockUnlockReturnsConnectionToPool(t *testing.T) {
@@ -117,7 +119,7 @@ func TestLockHonoursContextAndDestroysConnection(t *testing.T) {
 		res <- result{lk, err}
 	}()
 	var waiter int32
-	waitFor(t, 10*time.Second, "the second Lock to wait in PostgreSQL", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the second Lock to wait in PostgreSQL", func() bool {
 		err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND`+inThisDB).Scan(&waiter)
 		return err == nil
 	})
@@ -136,7 +138,7 @@ func TestLockHonoursContextAndDestroysConnection(t *testing.T) {
 	if poolPIDs(t, pool)[uint32(waiter)] {
 		t.Errorf("backend %d of the cancelled Lock is still in the pool", waiter)
 	}
-	waitFor(t, 10*time.Second, "the cancelled waiter's backend to exit", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the cancelled waiter's backend to exit", func() bool {
 		return !backendAlive(t, pool, uint32(waiter))
 	})
 }
@@ -239,7 +241,7 @@ func TestSharedExclusiveMatrix(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, 10*time.Second, "RLock to wait", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "RLock to wait", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND mode = 'ShareLock' AND`+inThisDB).Scan(&n)
 		return n == 1

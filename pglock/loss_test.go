@@ -39,7 +39,7 @@ func TestTerminateBackendClosesDone(t *testing.T) {
 				t.Fatal(err)
 			}
 			if when == "while the monitor watches" {
-				waitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
+				pgtest.WaitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
 			}
 			total := pool.Stat().TotalConns()
 
@@ -152,7 +152,7 @@ func TestLivenessProbesKeepHealthyLock(t *testing.T) {
 	}
 	// The probe is an empty query; pg_stat_activity shows it as the
 	// session's last statement once one has run.
-	waitFor(t, 10*time.Second, "a liveness probe", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "a liveness probe", func() bool {
 		var q string
 		_ = pool.QueryRow(ctx, `SELECT query FROM pg_stat_activity WHERE pid = $1`, int32(lk.pid)).Scan(&q)
 		return q == "-- ping"
@@ -202,7 +202,7 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
+	pgtest.WaitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
 
 	start := time.Now()
 	px.Blackhole()

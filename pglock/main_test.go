@@ -63,20 +63,6 @@ func backendAlive(t testing.TB, pool *pgxpool.Pool, pid uint32) bool {
 	return alive
 }
 
-// waitFor polls cond until it holds or timeout passes, then fails t with
-// what. It waits on a condition in the database, which has no channel to
-// wait on; the timeout is generous on purpose (shared 2-core machines).
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // assertIdle checks that no connection of pool is checked out.
 func assertIdle(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()

@@ -42,7 +42,7 @@ func TestMetricsWaitAndHold(t *testing.T) {
 		waiter <- result{lk, err}
 	}()
 	// The waiter is queued in PostgreSQL: an ungranted advisory lock.
-	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
+	pgtest.WaitFor(t, 10*time.Second, "the waiter to queue", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND`+inThisDB).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -151,7 +151,7 @@ func TestMetricsLostWithName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
+	pgtest.WaitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
 	var ok bool
 	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, int32(lk.pid)).Scan(&ok); err != nil || !ok {
 		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)

@@ -66,7 +66,7 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 	}
 	// Destroyed sessions exit once the server reads their closed socket;
 	// after that, nothing in the database holds an advisory lock.
-	waitFor(t, 15*time.Second, "no advisory lock in the database", func() bool { return advisoryLocks(t, pool) == 0 })
+	pgtest.WaitFor(t, 15*time.Second, "no advisory lock in the database", func() bool { return advisoryLocks(t, pool) == 0 })
 }
 
 type stormStats struct {
@@ -113,7 +113,7 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 			}()
 		}
 		st.calls.Add(int64(waiters))
-		waitFor(t, 10*time.Second, "the waiters to queue", func() bool {
+		pgtest.WaitFor(t, 10*time.Second, "the waiters to queue", func() bool {
 			var n int
 			_ = observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 				AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB, int64(k>>32), int64(uint32(k))).Scan(&n)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 func TestXactLockReleasedAtCommitAndRollback(t *testing.T) {
@@ -75,7 +77,7 @@ func TestSessionLockExcludesXactLock(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() { got <- XactLock(ctx, tx, "mixed") }()
-	waitFor(t, 10*1e9, "XactLock to wait", func() bool {
+	pgtest.WaitFor(t, 10*1e9, "XactLock to wait", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND`+inThisDB).Scan(&n)
 		return n == 1

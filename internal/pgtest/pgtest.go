@@ -335,3 +335,18 @@ func Acquired(pool *pgxpool.Pool) int32 {
 		time.Sleep(10 * time.Millisecond) // no event announces the background put-back
 	}
 }
+
+// WaitFor polls cond every 10ms until it holds, and fails t with what if it
+// still does not after timeout. It is for conditions that have no channel
+// to wait on — a row in the database, a pool's counters; give a generous
+// timeout (tests share two cores).
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling: no event announces the condition
+	}
+}
