@@ -1,7 +1,6 @@
 package fencing_test
 
 import (
-	"strconv"
 	"testing"
 	"time"
 
@@ -67,8 +66,7 @@ func BenchmarkFencedUpdate(b *testing.B) {
 	})
 	run("plain+declare", func(id int) error {
 		return pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(bg, `SELECT set_config('pgfence.fence', $1, true), set_config('pgfence.lease', $2, true)`,
-				strconv.FormatInt(tok.Fence, 10), tok.Lease); err != nil {
+			if _, err := tx.Exec(bg, `SELECT pgfence.declare_token($1, $2)`, tok.Lease, tok.Fence); err != nil {
 				return err
 			}
 			_, err := tx.Exec(bg, update("plain_b"), id, "y")
@@ -78,13 +76,6 @@ func BenchmarkFencedUpdate(b *testing.B) {
 	run("fenced", func(id int) error {
 		return fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
 			_, err := tx.Exec(bg, update("fenced_a"), id, "y")
-			return err
-		})
-	})
-	fenceOnly := fencing.Token{Fence: tok.Fence}
-	run("fenced-no-lease", func(id int) error {
-		return fencing.InTx(bg, pool, fenceOnly, func(tx pgx.Tx) error {
-			_, err := tx.Exec(bg, update("fenced_b"), id, "y")
 			return err
 		})
 	})

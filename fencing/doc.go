@@ -15,14 +15,18 @@
 // # The token
 //
 // That proof is a Token: the fence of a lease grant, and the lease's name.
-// Every grant of every lease takes a new value from the sequence
-// pgfence.fence_seq, so a later holder always carries a higher fence
-// (leases.Lease.Token returns it). A transaction declares its token with
-// Begin or InTx, which run
+// Every grant of a lease gets a higher fence than the one before — the
+// database clock in microseconds, raised past the previous fence — so a
+// later holder always carries a higher fence (leases.Lease.Token returns
+// it), even after a failover or a restore lost grants. A transaction
+// declares its token with Begin or InTx, which run
 //
-//	SELECT set_config('pgfence.fence', $1, true), set_config('pgfence.lease', $2, true)
+//	SELECT pgfence.declare_token($1, $2)
 //
-// so the declaration lasts exactly as long as the transaction.
+// (in the same round trip as BEGIN where they can). The declaration is
+// bound to the transaction's id: it ends with the transaction and is
+// honoured by no other — not by a later transaction on a pooled connection,
+// not when set with SET or PGOPTIONS.
 //
 // # The guard
 //
@@ -30,22 +34,24 @@
 // column. For every INSERT, UPDATE and DELETE of a row (COPY FROM and
 // INSERT … ON CONFLICT included — they fire row triggers) the guard
 //
-//	(a) rejects the write if the transaction declares no token (PF002, ErrNoToken);
+//	(a) rejects the write if the transaction declares no token for itself
+//	    (PF002, ErrNoToken);
 //	(b) rejects a token lower than the fence stored in the row (PF001, ErrStale);
-//	(c) when the token names a lease, rejects it unless it is that lease's
-//	    current fence and unexpired by the database clock (PF001), and
-//	    holds a share lock on the lease row (FOR SHARE) until the
-//	    transaction ends;
+//	(c) rejects the token unless it is its lease's current fence and
+//	    unexpired by the database clock (PF001) — so only fences that were
+//	    issued, and are still held, can write — and holds a share lock on
+//	    the lease row (FOR SHARE) until the transaction ends;
 //	(d) stores the token's fence in the row, whatever the write set it to.
 //
-// TRUNCATE fires no row triggers, so Protect also installs the guard as a
-// BEFORE TRUNCATE statement trigger: it applies (a), (c), and (b) against the
-// highest fence in the table.
+// TRUNCATE fires no row triggers, so Protect also installs a BEFORE TRUNCATE
+// statement trigger: it applies (a), (c), and (b) against the highest fence
+// in the table and below it; under row-level security it refuses, since the
+// writer cannot see every row it would remove. Protect covers inheritance
+// children and partitions.
 //
 // Rule (b) alone stops A once B has written the row; rule (c) also stops A
 // when it writes first — in the window after its lease expired but before
-// B's first write — and for rows B never touches. A token without a lease
-// name (a fence-only token) gets (a), (b) and (d) only.
+// B's first write — and for rows B never touches.
 //
 // # The share lock
 //

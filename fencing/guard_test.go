@@ -1,7 +1,9 @@
 package fencing_test
 
 import (
+	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +30,8 @@ func wantNoToken(t *testing.T, err error) {
 func TestNoToken(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	if err := write(pool, fencing.Token{Fence: 1}, 1, "one"); err != nil {
+	tok := grant(t, pool, "job", time.Minute)
+	if err := write(pool, tok, 1, "one"); err != nil {
 		t.Fatal(err)
 	}
 	for _, sql := range []string{
@@ -41,19 +44,13 @@ func TestNoToken(t *testing.T) {
 		wantNoToken(t, err)
 	}
 	// A session-level empty value (left behind by an ended SET LOCAL) is
-	// no token either.
-	err := pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(bg, `SELECT set_config('pgfence.fence', '', true)`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(bg, `UPDATE items SET v = 'changed'`)
-		return err
-	})
-	wantNoToken(t, err)
-	// A malformed token is no token.
-	for _, bad := range []string{"abc", "0", "-5", "1.5", " 7", "9223372036854775808", "99999999999999999999"} {
+	// no token either, nor are the variables of version 3.
+	for _, decl := range []string{
+		`SELECT set_config('pgfence.token', '', true)`,
+		`SELECT set_config('pgfence.fence', '` + strconv.FormatInt(tok.Fence, 10) + `', true), set_config('pgfence.lease', 'job', true)`,
+	} {
 		err := pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(bg, `SELECT set_config('pgfence.fence', $1, true)`, bad); err != nil {
+			if _, err := tx.Exec(bg, decl); err != nil {
 				return err
 			}
 			_, err := tx.Exec(bg, `UPDATE items SET v = 'changed'`)
@@ -61,11 +58,23 @@ func TestNoToken(t *testing.T) {
 		})
 		wantNoToken(t, err)
 	}
-	wantItem(t, pool, 1, "one", 1)
+	// A malformed declaration is no token; so is a well-formed one set by
+	// hand for another transaction.
+	for _, bad := range []string{"abc", "0", "-5", "1.5", " 7", "1:1", "1:x:job", "1:0:job", "1::job", "1:5:"} {
+		err := pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(bg, `SELECT set_config('pgfence.token', $1, true)`, bad); err != nil {
+				return err
+			}
+			_, err := tx.Exec(bg, `UPDATE items SET v = 'changed'`)
+			return err
+		})
+		wantNoToken(t, err)
+	}
+	wantItem(t, pool, 1, "one", tok.Fence)
 	// InTx maps PF002 to ErrNoToken: a transaction that clears its own
 	// token is the only way to get there through the package.
-	err = fencing.InTx(bg, pool, fencing.Token{Fence: 1}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(bg, `SELECT set_config('pgfence.fence', '', true)`); err != nil {
+	err := fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(bg, `SELECT set_config('pgfence.token', '', true)`); err != nil {
 			return err
 		}
 		_, err := tx.Exec(bg, `UPDATE items SET v = 'changed'`)
@@ -85,7 +94,7 @@ func TestUnprotectedUntouched(t *testing.T) {
 	mustExec(t, pool, `CREATE TABLE plain (id int PRIMARY KEY, v text, fence bigint NOT NULL DEFAULT 0)`)
 	mustExec(t, pool, `INSERT INTO plain (id, v) VALUES (1, 'a')`)
 	mustExec(t, pool, `UPDATE plain SET v = 'b'`)
-	err := fencing.InTx(bg, pool, fencing.Token{Fence: 42}, func(tx pgx.Tx) error {
+	err := fencing.InTx(bg, pool, grant(t, pool, "job", time.Minute), func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, `UPDATE plain SET v = 'c'`)
 		return err
 	})
@@ -113,13 +122,14 @@ func TestTokenIsTransactionScoped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(bg)
-	if err := write(conn, fencing.Token{Fence: 3}, 1, "x"); err != nil {
+	tok := grant(t, pool, "job", time.Minute)
+	if err := write(conn, tok, 1, "x"); err != nil {
 		t.Fatalf("InTx on a *pgx.Conn: %v", err)
 	}
 	_, err = conn.Exec(bg, `UPDATE items SET v = 'after'`)
 	wantNoToken(t, err)
 	// Rolled back: same.
-	tx, err := fencing.Begin(bg, conn, fencing.Token{Fence: 3})
+	tx, err := fencing.Begin(bg, conn, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +150,8 @@ func TestBeginOnTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer outer.Rollback(bg)
-	inner, err := fencing.Begin(bg, outer, fencing.Token{Fence: 2})
+	tok := grant(t, pool, "job", time.Minute)
+	inner, err := fencing.Begin(bg, outer, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +167,7 @@ func TestBeginOnTx(t *testing.T) {
 	if err := outer.Commit(bg); err != nil {
 		t.Fatal(err)
 	}
-	wantItem(t, pool, 1, "outer", 2)
+	wantItem(t, pool, 1, "outer", tok.Fence)
 }
 
 // TestTruncate: TRUNCATE bypasses row triggers, so the guard also runs as
@@ -165,14 +176,13 @@ func TestBeginOnTx(t *testing.T) {
 func TestTruncate(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	mustExec(t, pool, `SELECT setval('pgfence.fence_seq', 100)`)
+	low := grant(t, pool, "other", time.Minute) // granted first: a lower fence
 	a := grant(t, pool, "job", time.Minute)
 	if err := write(pool, a, 1, "a"); err != nil {
 		t.Fatal(err)
 	}
 	truncate := func(tx pgx.Tx) error { _, err := tx.Exec(bg, `TRUNCATE items`); return err }
-	low := fencing.Token{Fence: 50} // below the row's fence
-	wantStaleTx(t, fencing.InTx(bg, pool, low, truncate), low)
+	wantStaleTx(t, fencing.InTx(bg, pool, low, truncate), low) // below the row's fence
 	expire(t, pool, "job")
 	wantStaleTx(t, fencing.InTx(bg, pool, a, truncate), a)
 	wantItem(t, pool, 1, "a", a.Fence)
@@ -249,24 +259,33 @@ func TestBadInput(t *testing.T) {
 		{},
 		{Lease: "job"},
 		{Lease: "job", Fence: -1},
+		{Fence: 1}, // names no lease: could be a fence never issued
+		{Lease: "bad\x00name", Fence: 1},
+		{Lease: "bad\xffutf8", Fence: 1},
 		{Lease: strings.Repeat("x", 201), Fence: 1},
 	} {
-		if err := fencing.InTx(bg, pool, tok, noop); !errors.Is(err, fencing.ErrInvalidToken) {
-			t.Errorf("InTx(%v) = %v, want ErrInvalidToken", tok, err)
+		if err := fencing.InTx(bg, pool, tok, noop); !errors.Is(err, fencing.ErrInvalid) {
+			t.Errorf("InTx(%v) = %v, want ErrInvalid", tok, err)
 		}
-		if tx, err := fencing.Begin(bg, pool, tok); !errors.Is(err, fencing.ErrInvalidToken) || tx != nil {
-			t.Errorf("Begin(%v) = %v, %v, want nil, ErrInvalidToken", tok, tx, err)
+		if tx, err := fencing.Begin(bg, pool, tok); !errors.Is(err, fencing.ErrInvalid) || tx != nil {
+			t.Errorf("Begin(%v) = %v, %v, want nil, ErrInvalid", tok, tx, err)
 		}
 	}
-	if err := fencing.InTx(bg, pool, fencing.Token{Fence: 1}, nil); err == nil {
-		t.Error("InTx with a nil fn succeeded")
-	}
-	if err := fencing.InTx(bg, nil, fencing.Token{Fence: 1}, noop); err == nil {
-		t.Error("InTx with a nil db succeeded")
-	}
-	var nilPool *pgx.Conn
-	if _, err := fencing.Begin(bg, nilPool, fencing.Token{Fence: 1}); err == nil {
-		t.Error("Begin with a typed nil db succeeded")
+	valid := fencing.Token{Lease: "job", Fence: 1}
+	var nilConn *pgx.Conn
+	var nilCtx context.Context
+	for name, err := range map[string]error{
+		"InTx nil fn":        fencing.InTx(bg, pool, valid, nil),
+		"InTx nil db":        fencing.InTx(bg, nil, valid, noop),
+		"InTx nil ctx":       fencing.InTx(nilCtx, pool, valid, noop),
+		"Begin typed nil db": second(fencing.Begin(bg, nilConn, valid)),
+		"Begin nil ctx":      second(fencing.Begin(nilCtx, pool, valid)),
+		"Protect nil ctx":    fencing.Protect(nilCtx, pool, "items"),
+		"Protect nil db":     fencing.Protect(bg, nil, "items"),
+	} {
+		if !errors.Is(err, fencing.ErrInvalid) {
+			t.Errorf("%s = %v, want ErrInvalid", name, err)
+		}
 	}
 }
 
@@ -275,7 +294,7 @@ func TestBadInput(t *testing.T) {
 func TestInTxRollsBack(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	tok := fencing.Token{Fence: 1}
+	tok := grant(t, pool, "job", time.Minute)
 	mine := errors.New("mine")
 	err := fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(bg, upsertItem, 1, "x"); err != nil {
@@ -337,3 +356,6 @@ func TestPartitioned(t *testing.T) {
 		t.Fatalf("Protect a partition: %v", err)
 	}
 }
+
+// second returns the error of a (value, error) pair.
+func second[T any](_ T, err error) error { return err }

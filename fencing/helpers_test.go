@@ -3,7 +3,6 @@ package fencing_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -24,9 +23,9 @@ var (
 	_ fencing.DB = pgx.Tx(nil)
 )
 
-// Test SQL. Leases are granted and expired with plain SQL on pgfence.leases,
-// the way the leases package does it, so these tests depend only on the
-// schema.
+// Test SQL. Leases are granted with pgfence.try_acquire and expired with
+// plain SQL on pgfence.leases (the tests run as the owner), so these tests
+// depend only on the schema.
 const (
 	createItems = `CREATE TABLE items (id int PRIMARY KEY, v text NOT NULL, fence bigint NOT NULL DEFAULT 0)`
 	// upsertItem is the write under test: an INSERT when the row is
@@ -36,14 +35,7 @@ const (
 
 	// grantLease grants name for ttl to owner if it is free or expired
 	// (database clock), with a new fence; no row means it is held.
-	grantLease = `
-INSERT INTO pgfence.leases AS l (name, owner, fence, expires_at)
-VALUES ($1, $2, nextval('pgfence.fence_seq'), clock_timestamp() + $3::interval)
-ON CONFLICT (name) DO UPDATE
-   SET owner = excluded.owner, fence = excluded.fence, acquired_at = clock_timestamp(),
-       renewed_at = clock_timestamp(), expires_at = excluded.expires_at
- WHERE l.expires_at <= clock_timestamp()
-RETURNING fence`
+	grantLease  = `SELECT fence FROM pgfence.try_acquire($1, $2, $3) WHERE granted`
 	expireLease = `UPDATE pgfence.leases SET expires_at = clock_timestamp() WHERE name = $1`
 )
 
@@ -89,7 +81,7 @@ func tryGrant(ctx context.Context, db fencing.DB, name string, ttl time.Duration
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	var fence int64
-	err = tx.QueryRow(ctx, grantLease, name, "owner-"+name, fmt.Sprintf("%d microseconds", ttl.Microseconds())).Scan(&fence)
+	err = tx.QueryRow(ctx, grantLease, name, "owner-"+name, ttl.Microseconds()).Scan(&fence)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fencing.Token{}, false, nil
 	}

@@ -28,7 +28,8 @@ var writers = []writer{
 }
 
 // plainWrite writes like a client that does not use this package: on a raw
-// connection, BEGIN; declare the token with set_config; write; COMMIT.
+// connection, BEGIN; declare the token with pgfence.declare_token; write;
+// COMMIT.
 func plainWrite(t *testing.T, pool *pgxpool.Pool, tok fencing.Token, id int, v string) error {
 	t.Helper()
 	conn, err := pgx.ConnectConfig(bg, pool.Config().ConnConfig.Copy())
@@ -37,8 +38,7 @@ func plainWrite(t *testing.T, pool *pgxpool.Pool, tok fencing.Token, id int, v s
 	}
 	defer conn.Close(bg)
 	mustExec(t, conn, "BEGIN")
-	mustExec(t, conn, `SELECT set_config('pgfence.fence', $1, true), set_config('pgfence.lease', $2, true)`,
-		strconv.FormatInt(tok.Fence, 10), tok.Lease)
+	mustExec(t, conn, `SELECT pgfence.declare_token($1, $2)`, tok.Lease, tok.Fence)
 	if _, err := conn.Exec(bg, upsertItem, id, v); err != nil {
 		mustExec(t, conn, "ROLLBACK")
 		return err
@@ -63,8 +63,10 @@ func TestKleppmann(t *testing.T) {
 					t.Parallel()
 					pool := setup(t)
 					const id = 1
+					var before fencing.Token
 					if existed {
-						if err := write(pool, fencing.Token{Fence: 1}, id, "before"); err != nil {
+						before = grant(t, pool, "earlier", time.Minute)
+						if err := write(pool, before, id, "before"); err != nil {
 							t.Fatal(err)
 						}
 					}
@@ -91,7 +93,7 @@ func TestKleppmann(t *testing.T) {
 					case aAfterB:
 						wantItem(t, pool, id, "B", b.Fence)
 					case existed:
-						wantItem(t, pool, id, "before", 1)
+						wantItem(t, pool, id, "before", before.Fence)
 					default:
 						if _, _, ok := item(t, pool, id); ok {
 							t.Fatal("A's rejected INSERT left a row")
@@ -137,49 +139,56 @@ func TestForgedFence(t *testing.T) {
 	wantStaleTx(t, write(pool, unknown, 1, "x"), unknown)
 }
 
-// TestFenceOnlyTokens covers rule (b) alone: without a lease name the guard
-// compares with the row's stored fence, so a lower fence is rejected once a
-// higher one has written, and equal or higher fences are accepted.
-func TestFenceOnlyTokens(t *testing.T) {
+// TestRowFenceRule covers the row comparison: a token lower than the
+// fence stored in the row is rejected even while its lease is current (a
+// later grant of another lease wrote the row), and equal or higher fences
+// are accepted. Leases granted one after another get increasing fences.
+func TestRowFenceRule(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	tok := func(f int64) fencing.Token { return fencing.Token{Fence: f} }
-	if err := write(pool, tok(5), 1, "five"); err != nil {
+	var tok [9]fencing.Token
+	for i := 1; i < len(tok); i++ {
+		tok[i] = grant(t, pool, "job-"+strconv.Itoa(i), time.Minute)
+		if tok[i].Fence <= tok[i-1].Fence {
+			t.Fatalf("grant %d got fence %d, not above %d", i, tok[i].Fence, tok[i-1].Fence)
+		}
+	}
+	if err := write(pool, tok[5], 1, "five"); err != nil {
 		t.Fatal(err)
 	}
-	wantStaleTx(t, write(pool, tok(4), 1, "four"), tok(4))
-	wantItem(t, pool, 1, "five", 5)
-	if err := write(pool, tok(5), 1, "five again"); err != nil {
+	wantStaleTx(t, write(pool, tok[4], 1, "four"), tok[4])
+	wantItem(t, pool, 1, "five", tok[5].Fence)
+	if err := write(pool, tok[5], 1, "five again"); err != nil {
 		t.Fatalf("same fence again: %v", err)
 	}
-	if err := write(pool, tok(7), 1, "seven"); err != nil {
+	if err := write(pool, tok[7], 1, "seven"); err != nil {
 		t.Fatalf("higher fence: %v", err)
 	}
-	wantItem(t, pool, 1, "seven", 7)
+	wantItem(t, pool, 1, "seven", tok[7].Fence)
 	// DELETE is checked too.
-	err := fencing.InTx(bg, pool, tok(6), func(tx pgx.Tx) error {
+	err := fencing.InTx(bg, pool, tok[6], func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, `DELETE FROM items WHERE id = 1`)
 		return err
 	})
-	wantStaleTx(t, err, tok(6))
-	wantItem(t, pool, 1, "seven", 7)
+	wantStaleTx(t, err, tok[6])
+	wantItem(t, pool, 1, "seven", tok[7].Fence)
 	// One stale row rejects the whole statement.
-	if err := write(pool, tok(3), 2, "three"); err != nil {
+	if err := write(pool, tok[3], 2, "three"); err != nil {
 		t.Fatal(err)
 	}
-	err = fencing.InTx(bg, pool, tok(6), func(tx pgx.Tx) error {
+	err = fencing.InTx(bg, pool, tok[6], func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, `UPDATE items SET v = 'six'`)
 		return err
 	})
-	wantStaleTx(t, err, tok(6))
-	wantItem(t, pool, 2, "three", 3)
+	wantStaleTx(t, err, tok[6])
+	wantItem(t, pool, 2, "three", tok[3].Fence)
 	// The guard stamps the row with the token, whatever the write says.
-	err = fencing.InTx(bg, pool, tok(8), func(tx pgx.Tx) error {
+	err = fencing.InTx(bg, pool, tok[8], func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, `UPDATE items SET v = 'eight', fence = 1 WHERE id = 1`)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantItem(t, pool, 1, "eight", 8)
+	wantItem(t, pool, 1, "eight", tok[8].Fence)
 }

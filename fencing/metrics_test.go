@@ -86,7 +86,7 @@ func TestMetricsRejectedWrites(t *testing.T) {
 	wantStale(t, err)
 	// No token: fn clears the declaration before writing.
 	err = fencing.InTx(bg, pool, cur, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(bg, `SELECT set_config('pgfence.fence', '', true)`); err != nil {
+		if _, err := tx.Exec(bg, `SELECT set_config('pgfence.token', '', true)`); err != nil {
 			return err
 		}
 		_, err := tx.Exec(bg, upsertItem, 1, "no token")

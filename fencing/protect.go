@@ -2,7 +2,6 @@ package fencing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -13,12 +12,6 @@ import (
 // Longer names are silently truncated by the server, which could make a
 // name address a different table, so they are refused instead.
 const maxIdentifier = 63
-
-// ErrInvalidTable is returned (wrapped, with the reason) by Protect and
-// ProtectIdentifier for a table name they refuse before asking the
-// database: empty, with an empty part, with more than one dot, or with a
-// part longer than 63 bytes.
-var ErrInvalidTable = errors.New("fencing: invalid table name")
 
 // Protect installs the fence guard on table, which must be an ordinary or
 // partitioned table with a column named fence of type bigint
@@ -36,23 +29,26 @@ var ErrInvalidTable = errors.New("fencing: invalid table name")
 // spliced into SQL. For a name that itself contains a dot, use
 // ProtectIdentifier.
 //
-// Errors: ErrInvalidTable for a malformed name (nothing is sent); otherwise
+// Errors: ErrInvalid for a malformed name or a nil db or context (nothing
+// is sent); otherwise
 // the database's error, wrapped: SQLSTATE 42P01 (no such table), 3F000 (no
 // such schema — the table's, or pgfence's when `pgfence migrate up` has not
 // run), 42703 (no fence column), 42804 (fence is not bigint), 42809 (not a
 // table), 42501 (not the table's owner). On error nothing changed.
 //
-// On a partitioned table the row trigger reaches every partition, present
-// and future; the TRUNCATE trigger is installed on the partitions that exist,
-// so run Protect again after adding a partition (a direct TRUNCATE of a
-// partition added since is otherwise unguarded).
+// Protect covers the table and every table below it: partitions and
+// inheritance children. The row trigger reaches future partitions by
+// itself, but a future partition's own TRUNCATE trigger and a future
+// inheritance child's triggers do not exist until Protect runs again: run
+// it after attaching a partition or adding a child (`pgfence check` lists
+// tables left unguarded).
 //
 // Protect is safe to repeat: it replaces the triggers. It needs a role that
 // owns the table; ctx bounds the single statement it runs.
 func Protect(ctx context.Context, db DB, table string) error {
 	id, err := splitTable(table)
 	if err != nil {
-		return fmt.Errorf("fencing: protect: %w", err)
+		return err
 	}
 	return ProtectIdentifier(ctx, db, id)
 }
@@ -62,10 +58,13 @@ func Protect(ctx context.Context, db DB, table string) error {
 // exact and case-sensitive. Use it for names that contain a dot.
 func ProtectIdentifier(ctx context.Context, db DB, table pgx.Identifier) error {
 	if isNil(db) {
-		return errors.New("fencing: protect: db is nil")
+		return fmt.Errorf("%w: db must not be nil", ErrInvalid)
+	}
+	if ctx == nil {
+		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
 	}
 	if err := checkIdentifier(table); err != nil {
-		return fmt.Errorf("fencing: protect: %w", err)
+		return err
 	}
 	name := table.Sanitize()
 	if _, err := db.Exec(ctx, sqlProtect, name); err != nil {
@@ -81,27 +80,27 @@ func ProtectIdentifier(ctx context.Context, db DB, table pgx.Identifier) error {
 // splitTable splits "schema.table" or "table" into an identifier.
 func splitTable(table string) (pgx.Identifier, error) {
 	if table == "" {
-		return nil, fmt.Errorf("%w: empty", ErrInvalidTable)
+		return nil, fmt.Errorf("%w: table name is empty", ErrInvalid)
 	}
 	parts := strings.Split(table, ".")
 	if len(parts) > 2 {
-		return nil, fmt.Errorf("%w: %q has more than one dot: use ProtectIdentifier for names that contain dots", ErrInvalidTable, table)
+		return nil, fmt.Errorf("%w: table name %q has more than one dot: use ProtectIdentifier for names that contain dots", ErrInvalid, table)
 	}
 	return pgx.Identifier(parts), nil
 }
 
 func checkIdentifier(id pgx.Identifier) error {
 	if len(id) < 1 || len(id) > 2 {
-		return fmt.Errorf("%w: want 1 or 2 parts (table or schema, table), got %d", ErrInvalidTable, len(id))
+		return fmt.Errorf("%w: table identifier must have 1 or 2 parts (table or schema, table), got %d", ErrInvalid, len(id))
 	}
 	for _, p := range id {
 		switch {
 		case p == "":
-			return fmt.Errorf("%w: %q has an empty part", ErrInvalidTable, strings.Join(id, "."))
+			return fmt.Errorf("%w: table name %q has an empty part", ErrInvalid, strings.Join(id, "."))
 		case len(p) > maxIdentifier:
-			return fmt.Errorf("%w: %q is %d bytes, PostgreSQL names are at most %d", ErrInvalidTable, p, len(p), maxIdentifier)
+			return fmt.Errorf("%w: table name part %q is %d bytes, PostgreSQL names are at most %d", ErrInvalid, p, len(p), maxIdentifier)
 		case strings.IndexByte(p, 0) >= 0:
-			return fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidTable, p)
+			return fmt.Errorf("%w: table name part %q contains a NUL byte", ErrInvalid, p)
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,13 +43,13 @@ func TestProtectErrors(t *testing.T) {
 		wantCode(t, fencing.Protect(bg, pool, c.table), c.code)
 	}
 	for _, table := range []string{"", ".", "a.", ".b", "a.b.c", strings.Repeat("x", 64), "nul\x00name"} {
-		if err := fencing.Protect(bg, pool, table); !errors.Is(err, fencing.ErrInvalidTable) {
-			t.Errorf("Protect(%q) = %v, want ErrInvalidTable", table, err)
+		if err := fencing.Protect(bg, pool, table); !errors.Is(err, fencing.ErrInvalid) {
+			t.Errorf("Protect(%q) = %v, want ErrInvalid", table, err)
 		}
 	}
 	for _, id := range []pgx.Identifier{nil, {"a", "b", "c"}, {""}} {
-		if err := fencing.ProtectIdentifier(bg, pool, id); !errors.Is(err, fencing.ErrInvalidTable) {
-			t.Errorf("ProtectIdentifier(%q) = %v, want ErrInvalidTable", id, err)
+		if err := fencing.ProtectIdentifier(bg, pool, id); !errors.Is(err, fencing.ErrInvalid) {
+			t.Errorf("ProtectIdentifier(%q) = %v, want ErrInvalid", id, err)
 		}
 	}
 	if err := fencing.Protect(bg, nil, "lower_case"); err == nil {
@@ -105,7 +106,8 @@ func TestProtectQuoting(t *testing.T) {
 		// token is stamped.
 		_, err = pool.Exec(bg, `INSERT INTO `+id.Sanitize()+` (id) VALUES (1)`)
 		wantNoToken(t, err)
-		err = fencing.InTx(bg, pool, fencing.Token{Fence: 9}, func(tx pgx.Tx) error {
+		tok := grant(t, pool, "job", time.Minute)
+		err = fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
 			_, err := tx.Exec(bg, `INSERT INTO `+id.Sanitize()+` (id) VALUES (1)`)
 			return err
 		})
@@ -113,9 +115,10 @@ func TestProtectQuoting(t *testing.T) {
 			t.Fatalf("fenced insert into %s: %v", id.Sanitize(), err)
 		}
 		var fence int64
-		if err := pool.QueryRow(bg, `SELECT fence FROM `+id.Sanitize()).Scan(&fence); err != nil || fence != 9 {
-			t.Fatalf("fence of %s = %d, %v; want 9", id.Sanitize(), fence, err)
+		if err := pool.QueryRow(bg, `SELECT fence FROM `+id.Sanitize()).Scan(&fence); err != nil || fence != tok.Fence {
+			t.Fatalf("fence of %s = %d, %v; want %d", id.Sanitize(), fence, err, tok.Fence)
 		}
+		expire(t, pool, "job")
 	}
 	for _, evil := range []string{
 		`victim; DROP TABLE victim; --`,
@@ -128,7 +131,7 @@ func TestProtectQuoting(t *testing.T) {
 			t.Fatalf("Protect(%q) succeeded", evil)
 		}
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) && !errors.Is(err, fencing.ErrInvalidTable) {
+		if !errors.As(err, &pgErr) && !errors.Is(err, fencing.ErrInvalid) {
 			t.Fatalf("Protect(%q) = %v", evil, err)
 		}
 	}

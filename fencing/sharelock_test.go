@@ -27,7 +27,7 @@ func TestShareLockBlocksLeaseChanges(t *testing.T) {
 		// clock before trying (a takeover only applies to expired leases).
 		expireFirst bool
 	}{
-		{"takeover", grantLease, []any{"job", "B", "1 minute"}, true},
+		{"takeover", grantLease, []any{"job", "B", time.Minute.Microseconds()}, true},
 		{"renew-or-force-release", `UPDATE pgfence.leases SET expires_at = clock_timestamp() WHERE name = $1`, []any{"job"}, false},
 		{"delete-release", `DELETE FROM pgfence.leases WHERE name = $1`, []any{"job"}, false},
 	} {

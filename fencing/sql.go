@@ -16,12 +16,17 @@ const (
 // identifier (a table name) reaches the database as a parameter too, quoted
 // by pgx.Identifier and cast to regclass on the server.
 const (
-	// sqlDeclareToken declares the token for the current transaction only
-	// (is_local = true): it vanishes at COMMIT or ROLLBACK, so a pooled
-	// connection never carries it into someone else's transaction. An
-	// empty lease clears any session-level pgfence.lease.
-	// $1 = fence (decimal text), $2 = lease name or ''.
-	sqlDeclareToken = `SELECT set_config('pgfence.fence', $1, true), set_config('pgfence.lease', $2, true)`
+	// sqlDeclareToken declares the token for the current transaction
+	// (pgfence.declare_token binds it to the transaction's id: it is
+	// honoured by no other transaction). $1 = lease, $2 = fence.
+	sqlDeclareToken = `SELECT pgfence.declare_token($1, $2)`
+
+	// sqlBeginDeclare opens a transaction and declares the token in one
+	// round trip (simple protocol, two statements), where db can BeginTx.
+	// It cannot take parameters, so the values are spliced in a form that
+	// no quoting mode can misread: the lease as hex digits decoded on the
+	// server, the fence as a decimal integer (%d).
+	sqlBeginDeclare = `BEGIN; SELECT pgfence.declare_token(convert_from(decode('%x', 'hex'), 'UTF8'), %d)`
 
 	// sqlProtect installs the guard. $1 = quoted, possibly schema-qualified
 	// table name; the regclass cast resolves it (search_path applies to an

@@ -2,10 +2,8 @@ package fencing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,11 +32,15 @@ const rollbackTimeout = 5 * time.Second
 // The caller must end the transaction with Commit or Rollback (Rollback is
 // safe to call after Commit, as with any pgx.Tx).
 //
-// The token is declared with set_config(…, is_local => true), so it lasts
-// exactly as long as the transaction and never leaks to the next user of a
-// pooled connection. Declaring a token costs one round trip.
+// The declaration (pgfence.declare_token) is bound to this transaction: it
+// vanishes at COMMIT or ROLLBACK and is honoured by no other transaction,
+// so a pooled connection never carries it to someone else. Where db can
+// BeginTx (*pgxpool.Pool, *pgxpool.Conn, *pgx.Conn), BEGIN and the
+// declaration share one round trip; on a pgx.Tx, Begin opens a savepoint
+// and declares in a second one, and the token stays declared until the
+// outer transaction ends.
 //
-// Begin validates tok first (ErrInvalidToken) and sends nothing if it is
+// Begin validates tok first (ErrInvalid) and sends nothing if it is
 // invalid; it does not check staleness — the guard does, on each write, so
 // a rejected statement returns the guard's *pgconn.PgError: test it with
 // IsStale, or use InTx, which maps it to ErrStale. ctx bounds BEGIN and the
@@ -47,20 +49,40 @@ const rollbackTimeout = 5 * time.Second
 // and Begin returns the error.
 func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	if isNil(db) {
-		return nil, errors.New("fencing: begin: db is nil")
+		return nil, fmt.Errorf("%w: db must not be nil", ErrInvalid)
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("%w: context must not be nil", ErrInvalid)
 	}
 	if err := tok.Validate(); err != nil {
-		return nil, fmt.Errorf("fencing: begin: %w", err)
+		return nil, err
+	}
+	if b, ok := db.(txBeginner); ok {
+		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(sqlBeginDeclare, tok.Lease, tok.Fence)})
+		if err != nil {
+			if conn, ok := db.(*pgx.Conn); ok && conn.PgConn().TxStatus() != 'I' {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+				_, _ = conn.Exec(rctx, "ROLLBACK")
+				cancel()
+			} // a pool discards a connection left inside a transaction
+			return nil, fmt.Errorf("fencing: begin with token %v: %w", tok, err)
+		}
+		return tx, nil
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("fencing: begin: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlDeclareToken, strconv.FormatInt(tok.Fence, 10), tok.Lease); err != nil {
+	if _, err := tx.Exec(ctx, sqlDeclareToken, tok.Lease, tok.Fence); err != nil {
 		rollback(ctx, tx)
 		return nil, fmt.Errorf("fencing: declare token %v: %w", tok, err)
 	}
 	return tx, nil
+}
+
+// txBeginner is a DB that can open a transaction with a custom BEGIN.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
 // InTx runs fn in a transaction on db that declares tok (see Begin), and
@@ -84,7 +106,7 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 // the package documentation's Metrics section).
 func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err error) {
 	if fn == nil {
-		return errors.New("fencing: in tx: fn is nil")
+		return fmt.Errorf("%w: fn must not be nil", ErrInvalid)
 	}
 	tx, err := Begin(ctx, db, tok)
 	if err != nil {

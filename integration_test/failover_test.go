@@ -239,9 +239,8 @@ func TestFailoverSync(t *testing.T) {
 		t.Logf("TryAcquire on the standby: %v", err)
 	}
 	standbyConn := haConn(t, p.standby.URL("postgres"))
-	var f int64
-	if err := standbyConn.QueryRow(ctx, `SELECT pgfence.next_fence()`).Scan(&f); sqlstateOf(err) != sqlstateReadOnly {
-		t.Errorf("pgfence.next_fence() on a standby = %d, %v; want SQLSTATE %s", f, err, sqlstateReadOnly)
+	if _, err := standbyConn.Exec(ctx, `SELECT * FROM pgfence.try_acquire('failover/raw', 'raw', 60000000)`); sqlstateOf(err) != sqlstateReadOnly {
+		t.Errorf("pgfence.try_acquire on a standby = %v; want SQLSTATE %s", err, sqlstateReadOnly)
 	}
 	// pglock refuses a standby: every acquiring call fails with ErrStandby
 	// and takes nothing, in both scopes.
@@ -278,8 +277,7 @@ func TestFailoverSync(t *testing.T) {
 	if _, err := standbyConn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
 		t.Fatal(err)
 	}
-	// This session outlives the promotion: the fence epoch must follow the
-	// new timeline in existing sessions too.
+	// This session outlives the promotion: it must grant there too.
 	existing := standbyConn
 
 	killed := time.Now()
@@ -297,19 +295,12 @@ func TestFailoverSync(t *testing.T) {
 		t.Fatal("the advisory lock holder was not told within 10s that the primary died")
 	}
 
-	var tl int64
-	if err := existing.QueryRow(ctx, `SELECT timeline FROM pgfence.server_epoch()`).Scan(&tl); err != nil || tl != 2 {
-		t.Errorf("timeline seen by a session opened before promotion = %d, %v; want 2", tl, err)
+	var f int64
+	if err := existing.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('failover/raw', 'raw', 60000000) WHERE granted`).Scan(&f); err != nil {
+		t.Fatalf("try_acquire in a session opened before promotion: %v", err)
 	}
-	if err := existing.QueryRow(ctx, `SELECT pgfence.next_fence()`).Scan(&f); err != nil {
-		t.Fatalf("next_fence in a session opened before promotion: %v", err)
-	}
-	if f <= maxBefore+fenceGap {
-		t.Errorf("first fence on the new timeline = %d, want > %d (highest before %d + gap)", f, maxBefore+fenceGap, maxBefore)
-	}
-	fresh := haConn(t, p.standby.URL("postgres"))
-	if err := fresh.QueryRow(ctx, `SELECT timeline FROM pgfence.fence_epoch`).Scan(&tl); err != nil || tl != 2 {
-		t.Errorf("recorded fence epoch timeline = %d, %v; want 2", tl, err)
+	if f <= maxBefore {
+		t.Errorf("first fence after the failover = %d, want > %d (the highest before)", f, maxBefore)
 	}
 
 	renewOnNewPrimary(t, kept)
@@ -372,12 +363,12 @@ func TestFailoverSync(t *testing.T) {
 // TestFailoverAsyncLostTail: with asynchronous replication a failover can
 // lose grants the old primary acknowledged. The test silences replication
 // (a blackholed proxy in front of the walreceiver), grants leases on the
-// primary, kills it and promotes the standby: the grants are gone, and
-// plain nextval of pgfence.fence_seq hands out a fence that was already
-// acknowledged — the hazard. pgfence's fence source (next_fence) does not:
-// every fence granted on the new primary exceeds every acknowledged one, the
-// holders of lost grants are told they lost them, and their fenced writes
-// are rejected.
+// primary, kills it and promotes the standby: the grants are gone, and a
+// hand-written lease's sequence hands out a value that was already
+// acknowledged — the hazard. pgfence's fences (database clock, per lease)
+// do not: every fence granted on the new primary exceeds every acknowledged
+// one, the holders of lost grants are told they lost them, and their fenced
+// writes are rejected.
 func TestFailoverAsyncLostTail(t *testing.T) {
 	t.Parallel()
 	p := startPair(t, false, true)
@@ -390,6 +381,10 @@ func TestFailoverAsyncLostTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What a hand-written lease would draw its fences from.
+	if _, err := poolA.Exec(ctx, `CREATE SEQUENCE hand_written_fence`); err != nil {
+		t.Fatal(err)
+	}
 	p.waitCaughtUp(t)
 
 	p.walProxy.Blackhole()
@@ -399,6 +394,7 @@ func TestFailoverAsyncLostTail(t *testing.T) {
 	tail := make([]*leases.Lease, n)
 	acked := make(map[int64]bool, n)
 	var maxAcked int64
+	handAcked := make(map[int64]bool, n)
 	for i := range tail {
 		l, err := a.TryAcquire(ctx, fmt.Sprintf("async/tail/%d", i), 8*time.Second)
 		if err != nil {
@@ -407,6 +403,11 @@ func TestFailoverAsyncLostTail(t *testing.T) {
 		tail[i] = l
 		acked[l.Fence()] = true
 		maxAcked = max(maxAcked, l.Fence())
+		var v int64
+		if err := poolA.QueryRow(ctx, `SELECT nextval('hand_written_fence')`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		handAcked[v] = true
 	}
 
 	killed := time.Now()
@@ -421,32 +422,18 @@ func TestFailoverAsyncLostTail(t *testing.T) {
 		t.Fatalf("%d of %d grants made while replication was silenced reached the standby; the tail was not lost", lostRows, n)
 	}
 
-	// The hazard, with the raw sequence.
+	// The hazard, with the hand-written sequence.
 	var raw int64
-	if err := admin.QueryRow(ctx, `SELECT nextval('pgfence.fence_seq')`).Scan(&raw); err != nil {
+	if err := admin.QueryRow(ctx, `SELECT nextval('hand_written_fence')`).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
-	if !acked[raw] {
-		t.Fatalf("raw nextval on the new primary = %d, not one of the lost acknowledged fences (%d..%d): hazard not reproduced",
-			raw, maxAcked-n+1, maxAcked)
+	if !handAcked[raw] {
+		t.Fatalf("the hand-written sequence on the new primary gave %d, not one of the lost acknowledged values: hazard not reproduced", raw)
 	}
-	t.Logf("raw nextval after the failover handed out fence %d again (acknowledged before, up to %d)", raw, maxAcked)
+	t.Logf("a hand-written sequence handed out %d again after the failover", raw)
 
-	// pgfence's fence source, through leases on the multi-host URL. The
-	// first takeover is of the lost grant whose fence the raw sequence
-	// would hand out next: with raw nextval, old and new holder would carry
-	// the same token and the old holder's fenced writes would land.
-	var victims []*leases.Lease
-	for _, l := range tail {
-		if l.Fence() == raw+1 {
-			victims = append([]*leases.Lease{l}, victims...)
-		} else if len(victims) < 5 {
-			victims = append(victims, l)
-		}
-	}
-	if victims[0].Fence() != raw+1 {
-		t.Fatalf("no lost grant has fence %d", raw+1)
-	}
+	// pgfence's fences, through leases on the multi-host URL.
+	victims := tail[:5]
 	poolB := newPool(t, p.url(), "failover-async-b")
 	b := newLeases(t, poolB, "b")
 	var taken []*leases.Lease

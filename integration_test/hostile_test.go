@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -102,20 +103,20 @@ func TestHostileInput(t *testing.T) {
 		add("leases.ForceRelease"+tag, leases.ErrInvalid, "name", func(ctx context.Context) error { return client.ForceRelease(ctx, n) })
 		// As a table name: the empty, too long and NUL names are refused
 		// before anything is sent; the server refuses invalid UTF-8.
-		var wantTable error = fencing.ErrInvalidTable
+		var wantTable error = fencing.ErrInvalid
 		if bn.label == "invalid UTF-8" {
 			wantTable = nil
 		}
 		add("fencing.Protect"+tag, wantTable, "", func(ctx context.Context) error { return fencing.Protect(ctx, pool, n) })
-		if n != "" { // an empty lease name is a valid fence-only token
-			var wantTok error
-			if len(n) > 200 {
-				wantTok = fencing.ErrInvalidToken
-			}
-			add("fencing.InTx lease"+tag, wantTok, "", func(ctx context.Context) error {
-				return fencing.InTx(ctx, pool, fencing.Token{Lease: n, Fence: 1}, writeRow)
-			})
+		// As a token's lease: only a name a lease can have is declared
+		// (and then rejected by the guard: no such grant).
+		var wantTok error = fencing.ErrInvalid
+		if n != "" && len(n) <= 200 && utf8.ValidString(n) && !strings.ContainsRune(n, 0) {
+			wantTok = nil
 		}
+		add("fencing.InTx lease"+tag, wantTok, "", func(ctx context.Context) error {
+			return fencing.InTx(ctx, pool, fencing.Token{Lease: n, Fence: 1}, writeRow)
+		})
 	}
 
 	for _, ttl := range []time.Duration{0, -time.Second, 999 * time.Millisecond} {
@@ -128,8 +129,8 @@ func TestHostileInput(t *testing.T) {
 
 	for _, fence := range []int64{0, -1} {
 		tok := fencing.Token{Lease: "ok", Fence: fence}
-		add(fmt.Sprintf("fencing.InTx fence %d", fence), fencing.ErrInvalidToken, "", func(ctx context.Context) error { return fencing.InTx(ctx, pool, tok, writeRow) })
-		add(fmt.Sprintf("fencing.Begin fence %d", fence), fencing.ErrInvalidToken, "", func(ctx context.Context) error {
+		add(fmt.Sprintf("fencing.InTx fence %d", fence), fencing.ErrInvalid, "", func(ctx context.Context) error { return fencing.InTx(ctx, pool, tok, writeRow) })
+		add(fmt.Sprintf("fencing.Begin fence %d", fence), fencing.ErrInvalid, "", func(ctx context.Context) error {
 			tx, err := fencing.Begin(ctx, pool, tok)
 			if tx != nil {
 				_ = tx.Rollback(ctx)
@@ -137,9 +138,11 @@ func TestHostileInput(t *testing.T) {
 			return err
 		})
 	}
-	add("fencing.InTx nil fn", nil, "fn", func(ctx context.Context) error { return fencing.InTx(ctx, pool, fencing.Token{Fence: 1}, nil) })
+	add("fencing.InTx nil fn", nil, "fn", func(ctx context.Context) error {
+		return fencing.InTx(ctx, pool, fencing.Token{Lease: "ok", Fence: 1}, nil)
+	})
 	add("fencing.Begin nil db", nil, "db", func(ctx context.Context) error {
-		_, err := fencing.Begin(ctx, nil, fencing.Token{Fence: 1})
+		_, err := fencing.Begin(ctx, nil, fencing.Token{Lease: "ok", Fence: 1})
 		return err
 	})
 	add("fencing.Protect nil db", nil, "db", func(ctx context.Context) error { return fencing.Protect(ctx, nil, "resource") })
@@ -170,7 +173,7 @@ func TestHostileInput(t *testing.T) {
 	add("leases.Acquire cancelled", context.Canceled, "", func(context.Context) error { _, err := client.Acquire(cancelled, "ok", time.Second); return err })
 	add("leases.TryAcquire cancelled", context.Canceled, "", func(context.Context) error { _, err := client.TryAcquire(cancelled, "ok", time.Second); return err })
 	add("fencing.InTx cancelled", context.Canceled, "", func(context.Context) error {
-		return fencing.InTx(cancelled, pool, fencing.Token{Fence: 1}, writeRow)
+		return fencing.InTx(cancelled, pool, fencing.Token{Lease: "ok", Fence: 1}, writeRow)
 	})
 
 	// DSNs: malformed, and a closed loopback port.
@@ -188,7 +191,9 @@ func TestHostileInput(t *testing.T) {
 	add("leases.Acquire unreachable", nil, "", func(ctx context.Context) error { _, err := deadClient.Acquire(ctx, "ok", time.Second); return err })
 	add("leases.TryAcquire unreachable", nil, "", func(ctx context.Context) error { _, err := deadClient.TryAcquire(ctx, "ok", time.Second); return err })
 	add("leases.Get unreachable", nil, "", func(ctx context.Context) error { _, err := deadClient.Get(ctx, "ok"); return err })
-	add("fencing.InTx unreachable", nil, "", func(ctx context.Context) error { return fencing.InTx(ctx, deadPool, fencing.Token{Fence: 1}, writeRow) })
+	add("fencing.InTx unreachable", nil, "", func(ctx context.Context) error {
+		return fencing.InTx(ctx, deadPool, fencing.Token{Lease: "ok", Fence: 1}, writeRow)
+	})
 	add("fencing.Protect unreachable", nil, "", func(ctx context.Context) error { return fencing.Protect(ctx, deadPool, "resource") })
 
 	for _, c := range cases {

@@ -80,15 +80,10 @@ func testPauseLease(t *testing.T) {
 	assertResource(t, pool, "successor", l.Fence())
 }
 
-// testPauseAdvisoryLock: an advisory lock has no fence of its own, so the
-// fenced path is built the way the README suggests: each holder, once it
-// holds the lock, draws a fence from pgfence.fence_seq (so a later holder's
-// fence is always higher) and writes protected rows through fencing.InTx
-// with the fence-only token {Fence: fence}. The guard then rejects any
-// write whose fence is lower than the one stored in the row (rule b). This
-// protects a row once the successor has written it; a stale write that
-// lands before the successor's first write is ordered before it, which is
-// what fencing promises.
+// testPauseAdvisoryLock: an advisory lock has no fence of its own, so each
+// holder, once it holds the lock, takes a short lease for its fence (a
+// later holder's fence is always higher) and writes protected rows through
+// fencing.InTx with the lease's token.
 //
 // The server ends the stopped holder's session (idle_session_timeout=1s,
 // set on the test's database with ALTER DATABASE, so no cluster of its own
@@ -125,14 +120,16 @@ func testPauseAdvisoryLock(t *testing.T) {
 	}
 	defer lk.Unlock(context.Background())
 	t.Logf("successor got the lock %v after the holder stopped (idle_session_timeout 1s)", time.Since(stopped).Round(time.Millisecond))
-	var fence int64
-	if err := pool.QueryRow(ctx, "SELECT nextval('pgfence.fence_seq')").Scan(&fence); err != nil {
+	lc := newLeases(t, pool, "successor")
+	fl, err := lc.Acquire(ctx, "pause/fence", time.Second) // the stopped holder's expires within 1s
+	if err != nil {
 		t.Fatal(err)
 	}
+	fence := fl.Fence()
 	if fence <= old.Fence {
 		t.Fatalf("successor's fence %d is not above the stopped holder's %d", fence, old.Fence)
 	}
-	writeResource(t, pool, fencing.Token{Fence: fence}, "successor")
+	writeResource(t, pool, fl.Token(), "successor")
 
 	w.kill(syscall.SIGCONT)
 	w.send("write")

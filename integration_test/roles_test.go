@@ -171,22 +171,22 @@ func roleLease(ctx context.Context, wk *workerSide) error {
 	}
 }
 
-// roleLock takes the advisory lock cfg.Name with pglock, then takes a fence
-// for its term: nextval of pgfence.fence_seq, drawn while holding the lock,
-// so each later holder's fence is higher. Commands:
+// roleLock takes the advisory lock cfg.Name with pglock and then, for a
+// fence, the lease cfg.Name+"/fence" with a 1s TTL (an advisory lock has no
+// fence of its own; fencing tokens name a lease). Commands:
 //
 //	write — upsert row id=1 of cfg.Table through fencing.InTx with the
-//	        fence-only token {Fence: fence}
+//	        lease's token
 //
-// Events: "acquired" (fence), "lost" when Done closes (err = Err()),
-// "write" (result = errKind).
+// Events: "acquired" (fence), "lost" when the lock's Done closes (err =
+// Err()), "write" (result = errKind).
 func roleLock(ctx context.Context, wk *workerSide) error {
 	cfg := wk.cfg
-	pool, err := workerPool(ctx, wk)
+	pool, client, closeAll, err := workerLeases(ctx, wk)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeAll()
 	var opts []pglock.Option
 	if cfg.LivenessInterval > 0 {
 		opts = append(opts, pglock.WithLivenessCheck(cfg.LivenessInterval, cfg.LivenessTimeout))
@@ -195,11 +195,12 @@ func roleLock(ctx context.Context, wk *workerSide) error {
 	if err != nil {
 		return err
 	}
-	var fence int64
-	if err := pool.QueryRow(ctx, "SELECT nextval('pgfence.fence_seq')").Scan(&fence); err != nil {
+	lease, err := client.Acquire(ctx, cfg.Name+"/fence", time.Second)
+	if err != nil {
 		_ = lk.Unlock(ctx)
-		return fmt.Errorf("take a fence: %w", err)
+		return fmt.Errorf("take the fence lease: %w", err)
 	}
+	tok, fence := lease.Token(), lease.Fence()
 	wk.emit(event{Ev: "acquired", Fence: fence})
 	watched := make(chan struct{})
 	go func() {
@@ -221,7 +222,7 @@ func roleLock(ctx context.Context, wk *workerSide) error {
 		}
 		switch cmd {
 		case "write":
-			err := fencing.InTx(ctx, pool, fencing.Token{Fence: fence}, func(tx pgx.Tx) error {
+			err := fencing.InTx(ctx, pool, tok, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+table+" (id, holder) VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder", cfg.ID)
 				return err
 			})

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"time"
-
-	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // Waiting acquirers of one name in one Client form a queue. Only the head
@@ -54,9 +52,9 @@ func (c *Client) enqueue(name string) *waiter {
 // signalled.
 func (c *Client) dequeue(name string, w *waiter) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	q := c.queues[name]
 	if q == nil {
+		c.mu.Unlock()
 		return
 	}
 	for i, x := range q.waiters {
@@ -68,8 +66,13 @@ func (c *Client) dequeue(name string, w *waiter) {
 			break
 		}
 	}
-	if len(q.waiters) == 0 {
+	last := len(q.waiters) == 0
+	if last {
 		delete(c.queues, name)
+	}
+	c.mu.Unlock()
+	if last {
+		c.unwantLater(name)
 	}
 }
 
@@ -118,6 +121,7 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for attempt := 0; ; attempt++ {
+		c.want(ctx, name) // before the attempt: see interest.go
 		l, holder, remaining, err := c.grant(ctx, name, ttl)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -192,7 +196,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
-		err := c.pool.QueryRow(ctx, leasesql.Grant, name, owner, ttl.Microseconds()).Scan(&granted,
+		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds()).Scan(&granted,
 			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
 		if errors.Is(err, errNoRows) {
 			// The holder committed after this statement's snapshot was

@@ -13,8 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
-
-	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 var errNoRows = pgx.ErrNoRows
@@ -49,6 +47,9 @@ type Client struct {
 	listening bool          // listener goroutine started
 	listenOK  bool          // LISTEN is active right now
 	ready     chan struct{} // closed when LISTEN first succeeds (tests)
+
+	imu sync.Mutex // guards in; taken before mu, never while holding it
+	in  interest
 }
 
 // New returns a Client over pool. It fails on a nil pool or an invalid
@@ -155,7 +156,7 @@ func (c *Client) Get(ctx context.Context, name string) (Info, error) {
 func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, error) {
 	info := Info{Name: name}
 	var remainingUS int64
-	err := c.pool.QueryRow(ctx, leasesql.Get, name).Scan(&info.Name, &info.Owner, &info.Fence,
+	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
 		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
 	if errors.Is(err, errNoRows) {
 		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
@@ -169,7 +170,7 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 // List returns every live grant (expires_at in the future by the database
 // clock), ordered by name. ctx bounds the query.
 func (c *Client) List(ctx context.Context) ([]Info, error) {
-	rows, err := c.pool.Query(ctx, leasesql.List)
+	rows, err := c.pool.Query(ctx, sqlList)
 	if err != nil {
 		return nil, dbError("list", err)
 	}
@@ -191,10 +192,28 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 // writes are already rejected. If this client holds the lease, it renews
 // at once and so loses it at once (lost counter cause force_released). The
 // next grant takes a higher fence. Returns ErrNotHeld if there was no live
-// grant. ctx bounds the statement; safe to repeat.
+// grant. Safe to repeat.
+//
+// It never waits without bound: a holder frozen inside an open fenced
+// transaction share-locks the lease row, and ForceRelease waits for it at
+// most until ctx's deadline or WithForceReleaseTimeout (default 5s),
+// whichever is sooner; then it returns a *BlockedError (matching
+// ErrBlocked) naming the backends in the way. Ending them (for example
+// with pg_terminate_backend, as `pgfence leases release --force
+// --terminate` does) and calling again succeeds.
 func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if err := validateName(name); err != nil {
 		return err
+	}
+	if err := c.usable(ctx); err != nil {
+		return err
+	}
+	timeout := c.cfg.forceTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d))
+	}
+	if timeout < time.Millisecond {
+		return fmt.Errorf("leases: force-release %q: %w", name, context.DeadlineExceeded)
 	}
 	// If the grant is ours, the loss its renewal is about to find is this
 	// force-release; say so before the statement, so that no renewal in
@@ -205,13 +224,14 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		own.releaseNotified = time.Now()
 	}
 	c.mu.Unlock()
-	var live bool
-	err := c.pool.QueryRow(ctx, leasesql.ForceRelease, name).Scan(new(string), &live)
-	if errors.Is(err, errNoRows) || err == nil && !live {
-		return fmt.Errorf("force-release %q: %w", name, ErrNotHeld)
-	}
-	if err != nil {
+	live, blockers, err := c.forceRelease(ctx, name, timeout)
+	switch {
+	case err != nil && isLockTimeout(err):
+		return &BlockedError{Name: name, Blockers: blockers}
+	case err != nil:
 		return dbError(fmt.Sprintf("force-release %q", name), err)
+	case live == nil || !*live:
+		return fmt.Errorf("leases: force-release %q: %w", name, ErrNotHeld)
 	}
 	if own != nil {
 		c.log.Info("leases: force-released", "name", name, "owner", own.owner, "fence", own.fence)
@@ -219,10 +239,67 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		c.checkHeldLocked(name)
 		c.mu.Unlock()
 	} else {
-		// leasesql.ForceRelease does not return the grant it ended.
 		c.log.Info("leases: force-released", "name", name)
 	}
 	return nil
+}
+
+// forceRelease runs the force-release on a connection of its own while it
+// watches, from another, which backends block it, so that a timeout can
+// name them.
+func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Duration) (*bool, []Backend, error) {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	var (
+		wg       sync.WaitGroup
+		blockers []Backend
+	)
+	wctx, stop := context.WithCancel(ctx)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTimer(min(50*time.Millisecond, timeout/2))
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			if bs, err := c.blockers(wctx, pid); err == nil && len(bs) > 0 {
+				blockers = bs
+			}
+			t.Reset(100 * time.Millisecond)
+		}
+	}()
+	var live *bool
+	err = conn.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
+	stop()
+	wg.Wait()
+	return live, blockers, err
+}
+
+// blockers describes the backends that block backend pid.
+func (c *Client) blockers(ctx context.Context, pid uint32) ([]Backend, error) {
+	rows, err := c.pool.Query(ctx, sqlBlockers, int64(pid))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Backend, error) {
+		var b Backend
+		var xactStart, stateChange *time.Time
+		err := row.Scan(&b.PID, &b.Application, &b.ClientAddr, &xactStart, &stateChange)
+		if xactStart != nil {
+			b.Since = *xactStart
+		} else if stateChange != nil {
+			b.Since = *stateChange
+		}
+		return b, err
+	})
 }
 
 // newOwner returns the client's owner prefix with a fresh random suffix.
@@ -240,7 +317,11 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 	for i, l := range ls {
 		names[i], owners[i], fences[i] = l.name, l.owner, l.fence
 	}
-	if _, err := c.pool.Exec(ctx, leasesql.ReleaseBatch, names, owners, fences); err != nil {
+	q := sqlReleaseBatch
+	if c.cfg.durableRelease {
+		q = sqlReleaseBatchDurable
+	}
+	if _, err := c.pool.Exec(ctx, q, names, owners, fences); err != nil {
 		return dbError(op, err)
 	}
 	for _, l := range ls {

@@ -24,11 +24,13 @@
 //	                              ├─ renewal finds no row ──▶ lost
 //	                              └─ local deadline passes ─▶ lost
 //
-// Granting is one statement (INSERT … ON CONFLICT … DO UPDATE … WHERE the
-// old grant has expired … RETURNING): it succeeds when there is no row or
-// the row's expires_at has passed by the database clock. Every grant takes
-// a new fence from pgfence.fence_seq, so fences strictly increase across
-// grants, releases, expiries, force-releases and server restarts. Every
+// Granting is one call of pgfence.try_acquire (an upsert that succeeds when
+// there is no row or the row's expires_at has passed by the database
+// clock). Every grant's fence is the database clock in microseconds, raised
+// past the lease's previous fence: fences strictly increase across grants,
+// releases, expiries, force-releases and restarts, and exceed every fence a
+// lost history issued (a failover to an asynchronous standby, a restore).
+// Every
 // grant also gets a new owner: the client's prefix (WithOwner) plus a
 // random suffix, so that a renewal or release can only ever match the
 // exact grant — (name, owner, fence) — it was made for. "No row" means

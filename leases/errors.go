@@ -3,6 +3,7 @@ package leases
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -40,6 +41,62 @@ var (
 	ErrInvalid = errors.New("leases: invalid input")
 )
 
+// ErrBlocked is returned by ForceRelease when the lease row stayed locked
+// (by a holder's open fenced transaction, typically a frozen one) past its
+// timeout. The error is a *BlockedError naming the backends in the way.
+var ErrBlocked = errors.New("leases: force-release blocked")
+
+// Backend describes a PostgreSQL backend (a session), as pg_stat_activity
+// shows it to the caller's role.
+type Backend struct {
+	PID         int64
+	Application string    // application_name
+	ClientAddr  string    // empty for a Unix socket, or when not visible
+	Since       time.Time // start of its current transaction; zero if not visible
+}
+
+// BlockedError is ForceRelease's error when the lease row stayed locked
+// past the timeout. It matches ErrBlocked with errors.Is.
+type BlockedError struct {
+	Name string
+	// Blockers are the backends that held the lock, as last seen while
+	// waiting; empty if none could be seen in time.
+	Blockers []Backend
+}
+
+// Error names the lease and the blocking backends.
+func (e *BlockedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "leases: force-release %q: lease row locked", e.Name)
+	for i, k := range e.Blockers {
+		if i == 0 {
+			b.WriteString(" by")
+		} else {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " pid %d", k.PID)
+		if k.Application != "" {
+			fmt.Fprintf(&b, " (%s)", k.Application)
+		}
+		if k.ClientAddr != "" {
+			fmt.Fprintf(&b, " from %s", k.ClientAddr)
+		}
+		if !k.Since.IsZero() {
+			fmt.Fprintf(&b, " in a transaction since %s", k.Since.UTC().Format(time.RFC3339))
+		}
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrBlocked.
+func (e *BlockedError) Is(target error) bool { return target == ErrBlocked }
+
+// isLockTimeout reports whether err is PostgreSQL's lock_not_available.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // HeldError is the error TryAcquire returns when another owner holds the
 // lease. It matches ErrHeld with errors.Is.
 type HeldError struct {
@@ -65,7 +122,7 @@ const (
 	sqlstateInsufficientPriv   = "42501"
 	sqlstateReadOnly           = "25006"
 	schemaMissingHint          = "schema pgfence not found: run `pgfence migrate up`"
-	insufficientPrivilegesHint = "the role lacks privileges on schema pgfence: see the README's grants for an application role"
+	insufficientPrivilegesHint = "the role lacks privileges on schema pgfence: GRANT pgfence_client TO it"
 	standbyHint                = "connected to a standby (read-only): use the primary, e.g. a multi-host connection string with target_session_attrs=read-write"
 )
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // The keepalive is one goroutine per Client. It sleeps until the earliest
@@ -233,7 +231,7 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", err)
 		return true
 	}
-	rows, err := c.pool.Query(ctx, leasesql.RenewBatch, names, owners, fences, ttls)
+	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
 	if err != nil {
 		return failed(err)
 	}

@@ -2,13 +2,11 @@ package leases
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/pgfence/pgfence/fencing"
-	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // Info describes a grant of a lease as stored in PostgreSQL. Times are the
@@ -118,9 +116,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	var expiresAt time.Time
-	err := l.c.pool.QueryRow(ctx, leasesql.Renew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
-	if errors.Is(err, errNoRows) {
+	var expiresAt *time.Time
+	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
+	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
 		l.c.lose(l, lostRenewRejected, lost, false)
@@ -136,7 +134,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l.state != stateHeld {
 		return context.Cause(l.ctx)
 	}
-	l.c.renewedLocked(l, start, expiresAt)
+	l.c.renewedLocked(l, start, *expiresAt)
 	return nil
 }
 
@@ -159,7 +157,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		c.mu.Unlock()
 		// End the grant anyway in case it is still ours (lost at the local
 		// deadline before the server's expiry): hand-over sooner.
-		_, _ = c.pool.Exec(ctx, leasesql.Release, l.name, l.owner, l.fence)
+		_, _ = c.pool.Exec(ctx, c.releaseSQL(), l.name, l.owner, l.fence)
 		return context.Cause(l.ctx)
 	case stateHeld:
 		l.state = stateReleasing
@@ -171,14 +169,14 @@ func (l *Lease) Release(ctx context.Context) error {
 	end := time.Now()
 	c.wakeQueue(l.name)
 
-	var live bool
-	err := c.pool.QueryRow(ctx, leasesql.Release, l.name, l.owner, l.fence).Scan(new(string), &live)
+	var live *bool
+	err := c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
 	switch {
-	case errors.Is(err, errNoRows) && !wasHeld:
+	case err == nil && live == nil && !wasHeld:
 		// An earlier Release (or Close) that reported an error ended it.
 		c.setState(l, stateReleased)
 		return nil
-	case errors.Is(err, errNoRows):
+	case err == nil && live == nil:
 		c.setState(l, stateReleased)
 		err = fmt.Errorf("release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
 		c.releasedLost(l, notified, end, err)
@@ -190,7 +188,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return dbError(fmt.Sprintf("release %q", l.name), err)
 	}
 	c.setState(l, stateReleased)
-	if !live {
+	if !*live {
 		err = fmt.Errorf("release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
 		if wasHeld {
 			c.releasedLost(l, notified, end, err)
@@ -201,6 +199,15 @@ func (l *Lease) Release(ctx context.Context) error {
 		c.released(l, end)
 	}
 	return nil
+}
+
+// releaseSQL is the release statement: committed asynchronously unless
+// WithDurableRelease.
+func (c *Client) releaseSQL() string {
+	if c.cfg.durableRelease {
+		return sqlReleaseDurable
+	}
+	return sqlRelease
 }
 
 // released records the end of l's hold by Release at end.

@@ -11,14 +11,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgfence/pgfence/internal/leasesql"
 )
 
 // The listener is one goroutine per Client, started the first time
-// something waits or observes, stopped by Close. It takes one connection
-// from the pool and hijacks it (so the pool's connect hooks apply and the
-// pool opens another in its place), LISTENs on pgfence_leases, and wakes
+// something waits or observes, stopped by Close. It takes two connections
+// from the pool and hijacks them (so the pool's connect hooks apply and the
+// pool opens others in their place): on one it LISTENs on pgfence_leases,
+// on the other it holds the wait keys of the names this client waits for
+// (see interest.go), so that releases of those names notify; and it wakes
 // the head waiter and the observers of each released name. Whenever LISTEN
 // (re)starts it wakes every waiter and observer, since releases may have
 // gone unnoticed meanwhile. If LISTEN fails, waiters poll with backoff and
@@ -128,17 +128,12 @@ func (c *Client) listen() {
 
 // listenOnce runs one listener connection until it fails or ctx ends.
 func (c *Client) listenOnce(ctx context.Context) error {
-	pc, err := c.pool.Acquire(ctx)
+	conn, err := c.hijack(ctx)
 	if err != nil {
-		return dbError("listener: acquire connection", err)
+		return err
 	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(ctx, leasesql.Listen); err != nil {
+	defer closeConn(conn)
+	if _, err := conn.Exec(ctx, sqlListen); err != nil {
 		return dbError("listener: LISTEN", err)
 	}
 	if err := c.probe(ctx, conn); err != nil {
@@ -150,11 +145,20 @@ func (c *Client) listenOnce(ctx context.Context) error {
 			// idle server session (the backend does not block on it
 			// and the notification queue does not grow).
 			uctx, cancel := context.WithTimeout(ctx, time.Second)
-			_, _ = conn.Exec(uctx, leasesql.Unlisten)
+			_, _ = conn.Exec(uctx, sqlUnlisten)
 			cancel()
 		}
 		return err
 	}
+	iconn, err := c.hijack(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn(iconn)
+	if err := c.startInterest(ctx, iconn); err != nil {
+		return err
+	}
+	defer c.stopInterest()
 	c.setListening(true)
 	c.wakeAll()
 	for {
@@ -167,6 +171,22 @@ func (c *Client) listenOnce(ctx context.Context) error {
 		}
 		c.notified(n)
 	}
+}
+
+// hijack takes a connection out of the pool for the listener's own use.
+func (c *Client) hijack(ctx context.Context) (*pgx.Conn, error) {
+	pc, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, dbError("listener: acquire connection", err)
+	}
+	return pc.Hijack(), nil
+}
+
+// closeConn closes a hijacked connection, bounded by a second.
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
 }
 
 func (c *Client) setListening(ok bool) {
@@ -191,7 +211,7 @@ func (c *Client) setListening(ok bool) {
 func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 	payload := probePayload()
 	sctx, cancel := context.WithTimeout(ctx, probeSendTimeout)
-	_, err := c.pool.Exec(sctx, leasesql.Probe, leasesql.NotifyChannel, payload)
+	_, err := c.pool.Exec(sctx, sqlProbe, notifyChannel, payload)
 	cancel()
 	if err != nil {
 		return dbError("listener: send probe notification", err)
@@ -209,7 +229,7 @@ func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 		default:
 			return dbError("listener: wait for probe notification", err)
 		}
-		if n.Channel == leasesql.NotifyChannel && n.Payload == payload {
+		if n.Channel == notifyChannel && n.Payload == payload {
 			return nil
 		}
 		c.notified(n)
@@ -219,7 +239,7 @@ func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 // notified wakes whoever waits for the released lease. Probes (this
 // client's or another's) name no lease and are ignored.
 func (c *Client) notified(n *pgconn.Notification) {
-	if n.Channel != leasesql.NotifyChannel || isProbe(n.Payload) {
+	if n.Channel != notifyChannel || isProbe(n.Payload) {
 		return
 	}
 	c.wakeName(n.Payload)

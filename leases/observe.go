@@ -51,10 +51,14 @@ func (c *Client) Observe(ctx context.Context, name string) (<-chan Info, error) 
 			cancel()
 			c.mu.Lock()
 			delete(c.observers[name], o)
-			if len(c.observers[name]) == 0 {
+			last := len(c.observers[name]) == 0
+			if last {
 				delete(c.observers, name)
 			}
 			c.mu.Unlock()
+			if last {
+				c.unwantLater(name)
+			}
 		}()
 		c.observe(octx, name, o, ch)
 	}()
@@ -66,6 +70,7 @@ func (c *Client) observe(ctx context.Context, name string, o *observer, ch chan 
 	defer timer.Stop()
 	var last Info
 	first := true
+	c.want(ctx, name) // before the first read: see interest.go
 	for {
 		delay := jitter(c.cfg.pollInterval)
 		info, remaining, err := c.get(ctx, name)

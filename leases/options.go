@@ -26,6 +26,9 @@ const (
 	minPollInterval     = 10 * time.Millisecond
 	maxPollInterval     = time.Hour
 
+	// DefaultForceReleaseTimeout is the default for WithForceReleaseTimeout.
+	DefaultForceReleaseTimeout = 5 * time.Second
+
 	// releaseTimeout bounds the best-effort releases of Run, Lead and Close.
 	releaseTimeout = 5 * time.Second
 )
@@ -41,6 +44,9 @@ type config struct {
 	meter        metric.MeterProvider // nil: otel.GetMeterProvider() at New
 	nameAttr     bool
 
+	durableRelease bool
+	forceTimeout   time.Duration
+
 	// Test hooks (unexported options in the package's own tests).
 	noKeepalive bool              // simulate a frozen holder: no renewals, no orphan release
 	onWait      func(name string) // a waiting acquirer is about to sleep after a failed attempt
@@ -52,6 +58,37 @@ func defaultConfig() config {
 		log:          slog.New(slog.DiscardHandler),
 		pollInterval: DefaultPollInterval,
 		notify:       true,
+		forceTimeout: DefaultForceReleaseTimeout,
+	}
+}
+
+// WithDurableRelease makes releases wait for the WAL flush (and for
+// synchronous standbys) as grants do. By default a release commits
+// asynchronously: a release lost in a server crash delays the next holder
+// until the grant's expiry — exactly as a crashed holder would — and never
+// reorders fences, since releases draw none; the next durable commit (the
+// next grant of any lease) makes it durable too. Turn it on when the next
+// holder must be able to rely on a release surviving a crash or failover
+// (for example, when a waiter's TTL-long delay after a failover would
+// breach a deadline). Default false.
+func WithDurableRelease(on bool) Option {
+	return func(c *config) error {
+		c.durableRelease = on
+		return nil
+	}
+}
+
+// WithForceReleaseTimeout bounds how long ForceRelease waits for a lease
+// row locked by a holder's open transaction (default
+// DefaultForceReleaseTimeout; from 1ms to 1h). A context deadline that is
+// sooner wins.
+func WithForceReleaseTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < time.Millisecond || d > time.Hour {
+			return invalid(fmt.Sprintf("leases: force-release timeout must be between 1ms and 1h, got %s", d))
+		}
+		c.forceTimeout = d
+		return nil
 	}
 }
 

@@ -5,7 +5,6 @@
 //
 // Migration 1 creates schema pgfence with:
 //
-//   - pgfence.fence_seq, the sequence every lease grant takes its fence from;
 //   - pgfence.leases, one row per lease name, expiry judged by the database
 //     clock;
 //   - pgfence.lock_key(name), the advisory-lock key of a name (equal to
@@ -16,12 +15,29 @@
 // Migration 2 adds the view pgfence.lease_status (held_for, expires_in,
 // expired, by the database clock) for SQL-based monitoring.
 //
-// Migration 3 adds fence epochs: pgfence.next_fence(), which every lease
-// grant calls, skips fence_seq ahead by 2^32 whenever the server's timeline
-// or system identifier differs from the one recorded in pgfence.fence_epoch
-// (a promoted standby, a restored dump), so a failover that lost the tail
-// of the WAL never hands out an acknowledged fence again; and
-// pgfence.bump_fence(gap), the operator's manual advance.
+// Migration 3 added fence epochs (a sequence skipped ahead per timeline);
+// migration 4 replaces them, because two promotions to the same timeline
+// number and a restore within one cluster defeated them:
+//
+//   - fences come from the database clock, per lease: greatest(the lease's
+//     previous fence + 1, microseconds since the Unix epoch,
+//     pgfence.fence_floor + 1), so they exceed every fence a lost history
+//     (a failover, a restore, a rollback) issued; pgfence.bump_fence(gap)
+//     raises the floor when a server's clock may have been behind;
+//   - grants, renewals and releases go through SECURITY DEFINER functions
+//     (try_acquire, renew, renew_many, release, release_many,
+//     force_release); application roles never write pgfence.leases;
+//   - roles pgfence_client (an application: GRANT pgfence_client TO app)
+//     and pgfence_operator (plus force-release, fence bump, the checks);
+//   - pgfence.declare_token(lease, fence), the one way to declare a fencing
+//     token, bound to the current transaction; the guard honours nothing
+//     else, and only a lease's current, unexpired grant;
+//   - the guard covers inheritance children, refuses TRUNCATE under
+//     row-level security, and pgfence.unguarded() lists tables added below a
+//     protected table after protect ran.
+//
+// The migration file itself argues each rule; docs/design.md has the threat
+// model.
 //
 // # Bookkeeping
 //

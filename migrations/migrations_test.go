@@ -194,7 +194,7 @@ func TestUpConcurrentProcesses(t *testing.T) {
 	if rows != 1 || uint(version) != latest(t) {
 		t.Fatalf("bookkeeping table has %d rows, version %d; want 1 row, version %d", rows, version, latest(t))
 	}
-	if got := objects(t, conn); !containsAll(got, "schema pgfence", "table leases", "sequence fence_seq", "function pgfence.lock_key(text)", "view lease_status") {
+	if got := objects(t, conn); !containsAll(got, "schema pgfence", "table leases", "table fence_floor", "function pgfence.lock_key(text)", "function pgfence.try_acquire(text,text,bigint)", "view lease_status") {
 		t.Fatalf("schema not applied: %v", got)
 	}
 }
@@ -314,8 +314,8 @@ func TestLeaseStatusView(t *testing.T) {
 	conn := connect(t, pgtest.URL(t))
 	if _, err := conn.Exec(ctx, `
 INSERT INTO pgfence.leases (name, owner, fence, acquired_at, renewed_at, expires_at) VALUES
-  ('live',    'a', nextval('pgfence.fence_seq'), clock_timestamp() - interval '90 seconds', clock_timestamp(), clock_timestamp() + interval '30 seconds'),
-  ('expired', 'b', nextval('pgfence.fence_seq'), clock_timestamp() - interval '10 minutes', clock_timestamp() - interval '5 minutes', clock_timestamp() - interval '1 minute')`); err != nil {
+  ('live',    'a', 1, clock_timestamp() - interval '90 seconds', clock_timestamp(), clock_timestamp() + interval '30 seconds'),
+  ('expired', 'b', 2, clock_timestamp() - interval '10 minutes', clock_timestamp() - interval '5 minutes', clock_timestamp() - interval '1 minute')`); err != nil {
 		t.Fatal(err)
 	}
 	type row struct {
@@ -345,7 +345,7 @@ INSERT INTO pgfence.leases (name, owner, fence, acquired_at, renewed_at, expires
 	if exp.Name != "expired" || !exp.Expired || exp.ExpiresIn >= -time.Minute+time.Second || exp.HeldFor < 10*time.Minute {
 		t.Errorf("expired lease row wrong: %+v", exp)
 	}
-	if live.Fence <= 0 || exp.Fence <= 0 || live.Fence == exp.Fence {
-		t.Errorf("fences not from the sequence: %d, %d", live.Fence, exp.Fence)
+	if live.Fence != 1 || exp.Fence != 2 {
+		t.Errorf("fences %d, %d; want 1, 2", live.Fence, exp.Fence)
 	}
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/fencing"
-	"github.com/pgfence/pgfence/internal/leasesql"
+	"github.com/pgfence/pgfence/internal/benchsql"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -28,7 +26,9 @@ import (
 const benchLong = `Measure pgfence against the same work done with raw SQL, through the same
 connection pool, on your database and network:
 
-  lease TryAcquire+Release   leases.Client vs the same grant and release statements
+  lease TryAcquire+Release   leases.Client vs the minimal lease a user would write
+                             by hand: a table and a sequence, one upsert to grant
+                             and one UPDATE to release (see docs/performance.md)
   advisory TryLock+Unlock    pglock.Locker vs pg_try_advisory_lock/pg_advisory_unlock
                              on a connection taken from the pool
   fenced UPDATE              fencing.InTx on a protected table vs BEGIN; UPDATE;
@@ -44,26 +44,14 @@ releases every lease and lock it takes. It needs the pgfence schema
 (pgfence migrate up). Run it where the production clients run: the figures
 are mostly network round trips.`
 
-// Raw baselines: the lease statements are the very ones the leases package
-// sends (internal/leasesql), so the comparison measures the library around
-// them and nothing else.
+// The raw baselines are the SQL a user would write by hand
+// (internal/benchsql); the fenced table is the library's.
 const (
-	sqlBenchGrant      = leasesql.Grant
-	sqlBenchRelease    = leasesql.Release
-	sqlBenchTryLock    = `SELECT pg_try_advisory_lock($1)`
-	sqlBenchUnlock     = `SELECT pg_advisory_unlock($1)`
-	sqlBenchDropSchema = `DROP SCHEMA IF EXISTS pgfence_bench CASCADE`
-	// Lease rows stay after release (see internal/leasesql); the run's names
-	// carry a random run id and are never granted again, so their expired
-	// rows can go.
-	sqlBenchDropLeases = `DELETE FROM pgfence.leases WHERE starts_with(name, $1) AND expires_at <= clock_timestamp()`
-	sqlBenchSetup      = `
-CREATE SCHEMA pgfence_bench;
-CREATE TABLE pgfence_bench.fenced (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0);
-CREATE TABLE pgfence_bench.plain  (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`
-	sqlBenchFill         = `INSERT INTO pgfence_bench.%s (id) SELECT generate_series(1, $1::int)`
+	sqlBenchTryLock      = `SELECT pg_try_advisory_lock($1)`
+	sqlBenchUnlock       = `SELECT pg_advisory_unlock($1)`
+	sqlBenchFenced       = `CREATE TABLE pgfence_bench.fenced (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`
+	sqlBenchFillFenced   = `INSERT INTO pgfence_bench.fenced (id) SELECT generate_series(1, $1::int)`
 	sqlBenchUpdateFenced = `UPDATE pgfence_bench.fenced SET v = v + 1 WHERE id = $1`
-	sqlBenchUpdatePlain  = `UPDATE pgfence_bench.plain SET v = v + 1 WHERE id = $1`
 )
 
 const maxBenchConcurrency = 256
@@ -121,20 +109,12 @@ func runBench(ctx context.Context, g *globals, out io.Writer, d time.Duration, c
 	}
 	defer lc.Close()
 	locker := pglock.New(pool)
-	run := make([]byte, 4)
-	if _, err := rand.Read(run); err != nil {
-		return fmt.Errorf("random run id: %w", err)
-	}
-	prefix := "pgfence-bench/" + hex.EncodeToString(run)
+	// Fixed names: lease rows stay after release (they keep the fence
+	// order), so a later run reuses them rather than adding more.
+	const prefix = "pgfence-bench"
 
 	tok, cleanup, err := benchSetup(ctx, pool, lc, prefix, maxConc)
 	defer cleanup()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = lc.Close() // releases what is still held, so that its rows expire
-		_, _ = pool.Exec(cctx, sqlBenchDropLeases, prefix+"/")
-	}()
 	if err != nil {
 		return err
 	}
@@ -183,12 +163,12 @@ func benchSetup(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, pref
 		if l != nil {
 			_ = l.Release(cctx)
 		}
-		_, _ = pool.Exec(cctx, sqlBenchDropSchema)
+		_, _ = pool.Exec(cctx, benchsql.DropSchema)
 	}
-	if _, err := pool.Exec(ctx, sqlBenchDropSchema); err != nil {
+	if _, err := pool.Exec(ctx, benchsql.DropSchema); err != nil {
 		return fencing.Token{}, cleanup, fmt.Errorf("drop schema pgfence_bench left by an earlier run: %w", err)
 	}
-	if _, err := pool.Exec(ctx, sqlBenchSetup); err != nil {
+	if _, err := pool.Exec(ctx, benchsql.Schema+";"+sqlBenchFenced); err != nil {
 		return fencing.Token{}, cleanup, fmt.Errorf("create schema pgfence_bench: %w", err)
 	}
 	if err := fencing.Protect(ctx, pool, "pgfence_bench.fenced"); err != nil {
@@ -200,9 +180,9 @@ func benchSetup(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, pref
 	}
 	tok := l.Token()
 	err = fencing.InTx(ctx, pool, tok, func(tx pgx.Tx) error {
-		for _, t := range []string{"fenced", "plain"} {
-			if _, err := tx.Exec(ctx, fmt.Sprintf(sqlBenchFill, t), n); err != nil {
-				return fmt.Errorf("fill pgfence_bench.%s: %w", t, err)
+		for _, fill := range []string{sqlBenchFillFenced, benchsql.FillPlain} {
+			if _, err := tx.Exec(ctx, fill, n); err != nil {
+				return fmt.Errorf("fill the bench tables: %w", err)
 			}
 		}
 		return nil
@@ -227,18 +207,11 @@ func benchOps(pool *pgxpool.Pool, lc *leases.Client, locker *pglock.Locker, pref
 			},
 			raw: func(ctx context.Context, w int) error {
 				n, owner := name("raw-lease", w), fmt.Sprintf("%s/raw-owner/%d", prefix, w)
-				var granted, live bool
-				var holder, notified string
-				var fence, remainingUS int64
-				var acquired, renewed, expires time.Time
-				if err := pool.QueryRow(ctx, sqlBenchGrant, n, owner, time.Minute.Microseconds()).Scan(
-					&granted, &holder, &fence, &acquired, &renewed, &expires, &remainingUS); err != nil {
+				var fence int64
+				if err := pool.QueryRow(ctx, benchsql.Grant, n, owner, time.Minute.Milliseconds()).Scan(&fence); err != nil {
 					return fmt.Errorf("raw grant %q: %w", n, err)
 				}
-				if !granted {
-					return fmt.Errorf("raw grant %q: held by %s", n, holder)
-				}
-				if err := pool.QueryRow(ctx, sqlBenchRelease, n, owner, fence).Scan(&notified, &live); err != nil {
+				if _, err := pool.Exec(ctx, benchsql.Release, n, fence); err != nil {
 					return fmt.Errorf("raw release %q: %w", n, err)
 				}
 				return nil
@@ -267,7 +240,7 @@ func benchOps(pool *pgxpool.Pool, lc *leases.Client, locker *pglock.Locker, pref
 			},
 			raw: func(ctx context.Context, w int) error {
 				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, sqlBenchUpdatePlain, w+1)
+					_, err := tx.Exec(ctx, benchsql.UpdatePlain, w+1)
 					return err
 				})
 			},

@@ -37,15 +37,15 @@ func TestCheckLeases(t *testing.T) {
 	pool := pgtest.PoolFor(t, url)
 	const insert = `
 INSERT INTO pgfence.leases (name, owner, fence, acquired_at, renewed_at, expires_at)
-VALUES ($1, $2, nextval('pgfence.fence_seq'),
+VALUES ($1, $2, $5,
         clock_timestamp() - $3::interval, clock_timestamp(), clock_timestamp() + $4::interval)`
-	for _, l := range []struct{ name, owner, heldFor, expiresIn string }{
+	for i, l := range []struct{ name, owner, heldFor, expiresIn string }{
 		{"reports/stuck", "worker-a", "2 hours", "1 hour"},      // reported at 1h
 		{"reports/expired", "worker-b", "3 hours", "-1 minute"}, // expired: never reported
 		{"reports/fresh", "worker-c", "1 minute", "30 seconds"}, // held briefly
 		{"reports/older", "worker-d", "5 hours", "10 minutes"},  // reported first: held longest
 	} {
-		if _, err := pool.Exec(ctx, insert, l.name, l.owner, l.heldFor, l.expiresIn); err != nil {
+		if _, err := pool.Exec(ctx, insert, l.name, l.owner, l.heldFor, l.expiresIn, i+1); err != nil {
 			t.Fatalf("insert lease %s: %v", l.name, err)
 		}
 	}

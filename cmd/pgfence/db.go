@@ -130,7 +130,7 @@ const (
 )
 
 // errPrivileges is the hint for a role that may not use the pgfence schema.
-var errPrivileges = errors.New("the role lacks privileges on schema pgfence: grant it USAGE on the schema, SELECT/INSERT/UPDATE/DELETE on pgfence.leases and EXECUTE on pgfence.next_fence() (see the README's operator's guide)")
+var errPrivileges = errors.New("the role lacks privileges on schema pgfence: GRANT pgfence_client (or pgfence_operator, for force-release, fence bump and check) TO it")
 
 // errNotMigrated is the hint for a database without the pgfence schema.
 var errNotMigrated = errors.New("the pgfence schema is missing from this database: run `pgfence migrate up`")

@@ -12,44 +12,42 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// defaultFenceGap is pgfence.bump_fence's default and the gap
-// pgfence.next_fence() skips after a failover (migration 3): 2^32.
-const defaultFenceGap int64 = 1 << 32
+// defaultFenceGap is pgfence.bump_fence's default: an hour, in
+// microseconds (fences are microseconds of the database clock).
+const defaultFenceGap int64 = 3_600_000_000
 
-// sqlBumpFence advances fences by $1 and records the server's epoch; it
-// returns the sequence's value afterwards and the epoch recorded.
-const sqlBumpFence = `
-SELECT b.floor, e.system_identifier, e.timeline
-  FROM pgfence.bump_fence($1::bigint) AS b(floor), pgfence.fence_epoch AS e`
+// sqlBumpFence raises the fence floor by $1 above every fence issued and
+// the database clock; it returns the new floor.
+const sqlBumpFence = `SELECT pgfence.bump_fence($1::bigint)`
 
-// sqlstateReadOnly is what pgfence.next_fence() and bump_fence raise on a
-// standby (read_only_sql_transaction).
+// sqlstateReadOnly is what bump_fence raises on a standby
+// (read_only_sql_transaction).
 const sqlstateReadOnly = "25006"
 
 func newFenceCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fence",
-		Short: "Manage the fence sequence (after a restore or a failover)",
+		Short: "Manage fences (after a server clock was behind)",
 		Args:  argsUsage(cobra.NoArgs),
 		RunE:  action(func(cmd *cobra.Command, _ []string) error { return cmd.Help() }),
 	}
 	var gap int64
 	bump := &cobra.Command{
 		Use:   "bump [--gap N]",
-		Short: "Advance every future fence past values a lost WAL tail or an old backup may have handed out",
-		Long: `Advance pgfence's fence sequence by --gap (default 2^32) and record this
-server's timeline as the current fence epoch: every fence granted afterwards
-exceeds every fence granted before, including grants whose WAL was lost.
+		Short: "Raise the fence floor above every fence a lost history may have issued",
+		Long: `Raise pgfence's fence floor to --gap microseconds (default one hour) above
+every fence in the lease table and above the database clock: every fence
+granted afterwards exceeds it.
 
-pgfence does this by itself on the first grant after a promotion (a new
-timeline) and after a restore into another cluster (a new system
-identifier). Run it by hand when the database may have gone back further
-than the automatic gap covers: after a point-in-time recovery or a restore
-from an old backup or dump, with --gap larger than the number of leases
-granted since that backup. Safe to repeat: it only wastes fence values.
+Fences are microseconds of the database clock, raised past the lease's
+previous fence, so after a failover, a restore or a rollback they already
+exceed every fence the lost history issued — as long as the server's clock
+is not behind the old one's by more than the time that passed. Run this
+when it may be: a new primary whose clock was wrong, a restore onto a host
+with a skewed clock. Give a --gap larger than the skew. Safe to repeat.
 
-Must run on the primary, as the role that applied pgfence's migrations (or
-one granted EXECUTE ON FUNCTION pgfence.bump_fence(bigint)).`,
+Must run on the primary as pgfence_operator (or the role that applied
+pgfence's migrations).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			if gap < 1 {
@@ -60,7 +58,7 @@ one granted EXECUTE ON FUNCTION pgfence.bump_fence(bigint)).`,
 			return bumpFence(ctx, cmd, g, gap)
 		}),
 	}
-	bump.Flags().Int64Var(&gap, "gap", defaultFenceGap, "how far to advance the fence sequence (at least 1)")
+	bump.Flags().Int64Var(&gap, "gap", defaultFenceGap, "how far above every fence and the clock to raise the floor, in microseconds (at least 1)")
 	cmd.AddCommand(bump)
 	return cmd
 }
@@ -74,12 +72,11 @@ func bumpFence(ctx context.Context, cmd *cobra.Command, g *globals, gap int64) e
 	if err := checkSchema(ctx, pool); err != nil {
 		return err
 	}
-	var floor, sysid, timeline int64
-	if err := pool.QueryRow(ctx, sqlBumpFence, gap).Scan(&floor, &sysid, &timeline); err != nil {
+	var floor int64
+	if err := pool.QueryRow(ctx, sqlBumpFence, gap).Scan(&floor); err != nil {
 		return bumpError(err)
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "advanced fences by %d: every fence granted from now on exceeds %d (epoch: system %d, timeline %d)\n",
-		gap, floor, sysid, timeline)
+	fmt.Fprintf(cmd.OutOrStdout(), "raised the fence floor: every fence granted from now on exceeds %d\n", floor)
 	return nil
 }
 
@@ -89,9 +86,9 @@ func bumpError(err error) error {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case sqlstateUndefinedFunction, sqlstateUndefinedTable:
-			return fmt.Errorf("pgfence.bump_fence is missing: this database's pgfence schema predates fence epochs; run `pgfence migrate up` (%w)", err)
+			return fmt.Errorf("pgfence.bump_fence is missing or outdated: run `pgfence migrate up` (%w)", err)
 		case sqlstateInsufficientPriv:
-			return fmt.Errorf("bump fences: only the role that applied pgfence's migrations, or one granted EXECUTE ON FUNCTION pgfence.bump_fence(bigint), may advance fences (%w)", err)
+			return fmt.Errorf("bump fences: only pgfence_operator (or the role that applied pgfence's migrations) may raise the fence floor (%w)", err)
 		case sqlstateReadOnly:
 			return fmt.Errorf("bump fences: this server is a standby; connect to the primary (%w)", err)
 		}

@@ -11,9 +11,9 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// fence bump advances the sequence by --gap (default 2^32), so the next
-// lease's fence exceeds it; bad gaps are usage errors that connect nowhere,
-// and a role that did not migrate is told who may bump.
+// fence bump raises the floor --gap above every fence and the clock, so
+// the next lease's fence exceeds it; bad gaps are usage errors that connect
+// nowhere, and a client role is told who may bump.
 func TestFenceBump(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -23,33 +23,40 @@ func TestFenceBump(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	lastValue := func() int64 {
+	floor := func() int64 {
 		t.Helper()
 		var v int64
-		if err := conn.QueryRow(ctx, `SELECT last_value FROM pgfence.fence_seq`).Scan(&v); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT floor FROM pgfence.fence_floor`).Scan(&v); err != nil {
 			t.Fatal(err)
 		}
 		return v
 	}
-
-	before := lastValue()
-	r := db(t, url, "fence", "bump", "--gap", "1000")
-	if r.code != exitOK || !strings.Contains(r.stdout, fmt.Sprintf("exceeds %d", before+1000)) {
-		t.Fatalf("fence bump --gap 1000: exit %d, stdout %q; want 0 and 'exceeds %d'", r.code, r.stdout, before+1000)
+	grantFence := func(name string) int64 {
+		t.Helper()
+		var f int64
+		if err := conn.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire($1, 'test', 60000000) WHERE granted`, name).Scan(&f); err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
-	if got := lastValue(); got != before+1000 {
-		t.Errorf("sequence after bump = %d, want %d", got, before+1000)
+	before := grantFence("before")
+	const gap = 10 * defaultFenceGap // ten hours: well past the clock
+	r := db(t, url, "fence", "bump", "--gap", fmt.Sprint(gap))
+	after := floor()
+	if r.code != exitOK || !strings.Contains(r.stdout, fmt.Sprintf("exceeds %d", after)) {
+		t.Fatalf("fence bump --gap %d: exit %d, stdout %q; want 0 and 'exceeds %d'", gap, r.code, r.stdout, after)
 	}
-	before = lastValue()
+	if after < before+gap {
+		t.Errorf("floor after bump = %d, want at least %d", after, before+gap)
+	}
+	if f := grantFence("after"); f <= after {
+		t.Errorf("fence after bump = %d, want above the floor %d", f, after)
+	}
 	if r := db(t, url, "fence", "bump"); r.code != exitOK {
 		t.Fatalf("fence bump: exit %d", r.code)
 	}
-	if got := lastValue(); got != before+defaultFenceGap {
-		t.Errorf("sequence after default bump = %d, want %d", got, before+defaultFenceGap)
-	}
-	var f int64
-	if err := conn.QueryRow(ctx, `SELECT pgfence.next_fence()`).Scan(&f); err != nil || f != before+defaultFenceGap+1 {
-		t.Errorf("next fence after bump = %d, %v; want %d", f, err, before+defaultFenceGap+1)
+	if got := floor(); got < after+defaultFenceGap {
+		t.Errorf("floor after default bump = %d, want at least %d", got, after+defaultFenceGap)
 	}
 
 	for _, gap := range []string{"0", "-5"} {
@@ -60,10 +67,10 @@ func TestFenceBump(t *testing.T) {
 	}
 
 	role, roleURL := newRole(t, url)
-	if _, err := conn.Exec(ctx, `GRANT USAGE ON SCHEMA pgfence TO `+pgx.Identifier{role}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, `GRANT pgfence_client TO `+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	if r := db(t, roleURL, "fence", "bump"); r.code != exitFailure || !strings.Contains(r.stderr, "EXECUTE ON FUNCTION pgfence.bump_fence") {
+	if r := db(t, roleURL, "fence", "bump"); r.code != exitFailure || !strings.Contains(r.stderr, "only pgfence_operator") {
 		t.Errorf("fence bump as an application role: exit %d, stderr %q; want 1 and who may bump", r.code, r.stderr)
 	}
 }

@@ -16,16 +16,6 @@ import (
 	"github.com/pgfence/pgfence/leases"
 )
 
-// appGrants are the privileges the README's operator's guide tells a
-// least-privileged application role to have (%s = the role). Keep the two in
-// step.
-var appGrants = []string{
-	`GRANT USAGE ON SCHEMA pgfence TO %s`,
-	`GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.leases TO %s`,
-	`GRANT EXECUTE ON FUNCTION pgfence.next_fence() TO %s`,
-	`GRANT EXECUTE ON FUNCTION pgfence.lock_key(text) TO %s`,
-}
-
 // newRole creates a login role with a random name and password on url's
 // server, dropped (with its privileges in url's database) when t ends, and
 // returns url rewritten to log in as it.
@@ -73,19 +63,39 @@ func newRole(t *testing.T, dbURL string) (name, roleURL string) {
 	return name, u.String()
 }
 
-// The grants in the operator's guide are enough for everything an
-// application does — leases, locks, fenced writes — and for the operator's
-// listing and break-glass; without them the role gets a clear error.
+// grantTo grants role (a pgfence role) to the login role name.
+func grantTo(t *testing.T, dbURL, role, name string) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `GRANT `+role+` TO `+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// `GRANT pgfence_client TO app` is enough for everything an application
+// does — leases, locks, fenced writes, listing — and pgfence_operator adds
+// the break-glass; without them the role gets a clear error.
 func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
 	role, roleURL := newRole(t, dbURL)
+	opRole, opURL := newRole(t, dbURL)
 
-	// Without grants: a clear error, not a crash.
+	// Without a pgfence role: a clear error, not a crash.
 	if r := db(t, roleURL, "leases", "ls"); r.code != exitFailure || !strings.Contains(r.stderr, "permission denied") {
 		t.Errorf("leases ls without grants: exit %d, stderr %q", r.code, r.stderr)
 	}
+	if r := db(t, roleURL, "run", "--lease", "app/job", "--ttl", "2s", "--", "true"); r.code != exitFailure || !strings.Contains(r.stderr, "pgfence_client") {
+		t.Errorf("run --lease without grants: exit %d, stderr %q; want 1 and the role to grant", r.code, r.stderr)
+	}
+	grantTo(t, dbURL, "pgfence_client", role)
+	grantTo(t, dbURL, "pgfence_operator", opRole)
 
 	admin, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
@@ -93,12 +103,6 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 	defer admin.Close(ctx)
 	id := pgx.Identifier{role}.Sanitize()
-	for _, g := range appGrants {
-		q := strings.Replace(g, "%s", id, 1)
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
 	// The application's own protected table: owned by the migration role,
 	// written by the application role.
 	for _, q := range []string{
@@ -119,7 +123,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	}
 
 	// The library, as the application role: a lease, its renewal, a fenced
-	// write, an operator's force-release, and the stale write after it.
+	// write; the operator's force-release, and the stale write after it.
 	pool := pgtest.PoolFor(t, roleURL)
 	lc, err := leases.New(pool)
 	if err != nil {
@@ -142,8 +146,11 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if r := db(t, roleURL, "leases", "ls"); r.code != 0 || !strings.Contains(r.stdout, "app/invoices") {
 		t.Errorf("leases ls as the application role: exit %d", r.code)
 	}
-	if r := db(t, roleURL, "leases", "release", "--force", "app/invoices"); r.code != 0 {
-		t.Errorf("leases release --force as the application role: exit %d", r.code)
+	if r := db(t, roleURL, "leases", "release", "--force", "app/invoices"); r.code != exitFailure || !strings.Contains(r.stderr, "permission denied") {
+		t.Errorf("leases release --force as the application role: exit %d, stderr %q; want refused", r.code, r.stderr)
+	}
+	if r := db(t, opURL, "leases", "release", "--force", "app/invoices"); r.code != 0 {
+		t.Errorf("leases release --force as the operator role: exit %d", r.code)
 	}
 	err = fencing.InTx(ctx, pool, l.Token(), func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE public.invoices SET id = 2 WHERE id = 1`)
@@ -155,37 +162,7 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	if r := db(t, roleURL, "locks", "ls"); r.code != 0 {
 		t.Errorf("locks ls as the application role: exit %d", r.code)
 	}
-}
-
-// Each schema and table grant is needed: without it, taking a lease fails.
-// (Fences come from pgfence.next_fence(), SECURITY DEFINER, so the role
-// needs no privilege on pgfence.fence_seq.)
-func TestLeastPrivilegeGrantsAreNeeded(t *testing.T) {
-	t.Parallel()
-	for skip := range 2 { // the functions' EXECUTE is PUBLIC by default
-		on := appGrants[skip][strings.Index(appGrants[skip], " ON ")+4 : strings.Index(appGrants[skip], " TO ")]
-		t.Run("without "+on, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			dbURL := pgtest.URL(t)
-			role, roleURL := newRole(t, dbURL)
-			admin, err := pgx.Connect(ctx, dbURL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer admin.Close(ctx)
-			for i, g := range appGrants {
-				if i == skip {
-					continue
-				}
-				if _, err := admin.Exec(ctx, strings.Replace(g, "%s", pgx.Identifier{role}.Sanitize(), 1)); err != nil {
-					t.Fatal(err)
-				}
-			}
-			r := db(t, roleURL, "run", "--lease", "app/job", "--ttl", "2s", "--", "true")
-			if r.code != exitFailure || !strings.Contains(r.stderr, "permission denied") {
-				t.Errorf("without %q: run --lease exit %d, stderr %q; want 1, permission denied", appGrants[skip], r.code, r.stderr)
-			}
-		})
+	if r := db(t, opURL, "check", "--max-hold", "1h"); r.code != 0 {
+		t.Errorf("check as the operator role: exit %d", r.code)
 	}
 }

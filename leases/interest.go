@@ -1,0 +1,143 @@
+package leases
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A release sends a notification only when someone waits for the lease or
+// observes it (pgfence.notify_waiters): a transaction that notifies
+// serialises its commit with every other notifying transaction, which
+// halves release throughput under load even when nobody listens. Whoever
+// waits says so by holding the name's wait key — an advisory lock, shared —
+// on a second dedicated connection of the listener, the interest
+// connection, for as long as the name has waiters or observers in this
+// client. The release tests the key with an exclusive try.
+//
+// Ordering makes it safe. The head waiter takes the key before its first
+// attempt, so a release either precedes the attempt (which then sees the
+// lease free) or finds the key held and notifies. The listener takes the
+// keys of every wanted name whenever it (re)connects, and then wakes every
+// waiter, as it did before. Without a listener nothing is taken: waiters
+// poll. Keys are dropped lazily, by a goroutine, once a name has neither
+// waiters nor observers; a key held a little too long costs a spurious
+// notification, nothing more.
+
+// interest is the interest connection and the wait keys held on it.
+type interest struct {
+	conn *pgx.Conn           // nil while no listener runs
+	held map[string]struct{} // names whose wait key conn holds
+}
+
+// waitKey is the second int4 of name's wait key: the high 32 bits of
+// pglock.Key(name), as pgfence.wait_key computes it.
+func waitKey(name string) int32 {
+	sum := sha256.Sum256([]byte(name))
+	return int32(binary.BigEndian.Uint32(sum[:4]))
+}
+
+// wantedLocked reports whether name has waiters or observers. c.mu held.
+func (c *Client) wantedLocked(name string) bool {
+	return c.queues[name] != nil || len(c.observers[name]) > 0
+}
+
+// want takes name's wait key if a listener runs and it is not yet held.
+// An error leaves the name unregistered: the caller then relies on polling,
+// and the listener, which fails too, re-registers when it reconnects.
+func (c *Client) want(ctx context.Context, name string) {
+	c.imu.Lock()
+	defer c.imu.Unlock()
+	if c.in.conn == nil {
+		return
+	}
+	if _, ok := c.in.held[name]; ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, interestTimeout)
+	defer cancel()
+	if _, err := c.in.conn.Exec(ctx, sqlWant, []int32{waitKey(name)}); err != nil {
+		c.log.Debug("leases: could not register as waiter; polling", "name", name, "err", err)
+		return
+	}
+	c.in.held[name] = struct{}{}
+}
+
+// unwantLater drops name's wait key in the background once nobody in this
+// client waits for or observes it.
+func (c *Client) unwantLater(name string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		c.imu.Lock()
+		defer c.imu.Unlock()
+		if _, ok := c.in.held[name]; !ok || c.in.conn == nil {
+			return
+		}
+		c.mu.Lock()
+		wanted := c.wantedLocked(name)
+		c.mu.Unlock()
+		if wanted {
+			return
+		}
+		ctx, cancel := context.WithTimeout(c.bg, interestTimeout)
+		defer cancel()
+		if _, err := c.in.conn.Exec(ctx, sqlUnwant, []int32{waitKey(name)}); err != nil {
+			return // the listener replaces a failed connection
+		}
+		delete(c.in.held, name)
+	}()
+}
+
+// startInterest installs conn as the interest connection and takes the
+// wait keys of every wanted name on it. The listener calls it after LISTEN
+// succeeded, before it wakes everyone.
+func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn) error {
+	c.imu.Lock()
+	defer c.imu.Unlock()
+	c.mu.Lock()
+	names := make([]string, 0, len(c.queues)+len(c.observers))
+	for name := range c.queues {
+		names = append(names, name)
+	}
+	for name := range c.observers {
+		if c.queues[name] == nil {
+			names = append(names, name)
+		}
+	}
+	c.mu.Unlock()
+	keys := make([]int32, len(names))
+	for i, name := range names {
+		keys[i] = waitKey(name)
+	}
+	if _, err := conn.Exec(ctx, sqlWant, keys); err != nil {
+		return dbError("listener: register waiters", err)
+	}
+	c.in.conn = conn
+	c.in.held = make(map[string]struct{}, len(names))
+	for _, name := range names {
+		c.in.held[name] = struct{}{}
+	}
+	return nil
+}
+
+// stopInterest forgets the interest connection; its owner closes it, which
+// drops every wait key.
+func (c *Client) stopInterest() {
+	c.imu.Lock()
+	defer c.imu.Unlock()
+	c.in.conn = nil
+	c.in.held = nil
+}
+
+// interestTimeout bounds one statement on the interest connection.
+const interestTimeout = 5 * time.Second

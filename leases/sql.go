@@ -1,0 +1,90 @@
+package leases
+
+// The package's SQL, in one place. Grants, renewals and releases call the
+// SECURITY DEFINER functions of migration 4 (migrations/
+// 000004_fence_integrity.up.sql, where each is explained): an application
+// role needs pgfence_client and no privilege on the lease table itself.
+// Every statement is parameterised, every time comes from the database
+// clock, and TTLs travel as bigint microseconds so that no client-side
+// time arithmetic is involved. Renewal and release name the exact grant —
+// (name, owner, fence) — so a stale holder can never touch a newer grant.
+const (
+	// notifyChannel is the LISTEN/NOTIFY channel; the payload is the lease
+	// name.
+	notifyChannel = "pgfence_leases"
+
+	// sqlGrant: one attempt. The row says whether it was granted, and
+	// describes the new grant or else the holder; remaining_us is the time
+	// to its expiry. No row: the holder committed while the call ran.
+	sqlGrant = `SELECT granted, holder, fence, acquired_at, renewed_at, expires_at, remaining_us
+  FROM pgfence.try_acquire($1, $2, $3)`
+
+	// sqlRenewBatch renews many grants in one statement (a keepalive
+	// tick), skipping rows locked by someone else (busy).
+	sqlRenewBatch = `SELECT lease, expires_at, busy FROM pgfence.renew_many($1, $2, $3, $4)`
+
+	// sqlRenew renews one grant, waiting for row locks. NULL: lost.
+	sqlRenew = `SELECT pgfence.renew($1, $2, $3, $4)`
+
+	// sqlRelease ends one grant: true if it was live, false if it had
+	// expired, NULL if it is gone. It commits without waiting for the WAL
+	// flush (synchronous_commit off for this transaction only): a release
+	// lost in a crash only delays the next holder until the grant expires,
+	// as a crashed holder would, and the next synchronous commit — the
+	// next grant of any lease — makes it durable, since WAL is flushed in
+	// order. Releases draw no fence, so a lost one cannot reorder fences.
+	sqlRelease = `SELECT pgfence.release($1, $2, $3), set_config('synchronous_commit', 'off', true)`
+
+	// sqlReleaseDurable is sqlRelease committing as the session is
+	// configured (WithDurableRelease).
+	sqlReleaseDurable = `SELECT pgfence.release($1, $2, $3), ''`
+
+	// sqlReleaseBatch ends many grants (Close, grants stopped trusting),
+	// asynchronously committed like sqlRelease.
+	sqlReleaseBatch = `SELECT count(*), set_config('synchronous_commit', 'off', true)
+  FROM pgfence.release_many($1, $2, $3)`
+
+	// sqlReleaseBatchDurable is sqlReleaseBatch committing as configured.
+	sqlReleaseBatchDurable = `SELECT count(*), '' FROM pgfence.release_many($1, $2, $3)`
+
+	// sqlForceRelease expires whatever grant a lease has, waiting at most
+	// $2 ms for the row. Fully durable: an operator acts on its answer.
+	sqlForceRelease = `SELECT pgfence.force_release($1, $2)`
+
+	// sqlBlockers describes the backends that block backend $1.
+	sqlBlockers = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+       a.xact_start, a.state_change
+  FROM pg_stat_activity AS a
+ WHERE a.pid = ANY (pg_blocking_pids($1))
+ ORDER BY a.pid`
+
+	// sqlGet reads a lease's live grant, with the time to its expiry.
+	sqlGet = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at,
+       (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint
+  FROM pgfence.leases
+ WHERE name = $1 AND expires_at > clock_timestamp()`
+
+	// sqlList reads every live grant.
+	sqlList = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at
+  FROM pgfence.leases
+ WHERE expires_at > clock_timestamp()
+ ORDER BY name`
+
+	// sqlListen subscribes the listener connection.
+	sqlListen = `LISTEN ` + notifyChannel
+
+	// sqlProbe sends the listener's probe notification ($1 channel, $2
+	// payload).
+	sqlProbe = `SELECT pg_notify($1, $2)`
+
+	// sqlUnlisten ends the subscription on a listener connection given up
+	// on.
+	sqlUnlisten = `UNLISTEN *`
+
+	// sqlWant and sqlUnwant take and drop, on the interest connection, the
+	// wait keys of names this client waits for or observes: the advisory
+	// lock (1885824613 = 'pgfe', waitKey(name)) that pgfence.notify_waiters
+	// tests before it notifies. $1 is an int4[] of waitKey values.
+	sqlWant   = `SELECT count(pg_advisory_lock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
+	sqlUnwant = `SELECT count(pg_advisory_unlock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
+)
