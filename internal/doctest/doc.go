@@ -13,6 +13,10 @@
 //     leaves out are added from the package names it uses (pgfence's public
 //     packages, pgx, pgxpool, pgconn, otel, common standard packages).
 //     Unused variables and imports are allowed: snippets are excerpts.
+//   - Every ```sql block runs, in a transaction that is rolled back, on a
+//     database with pgfence's migrations applied (internal/pgtest), after
+//     `CREATE ROLE app` for the grant examples; a block with $1-style
+//     parameters is prepared instead.
 //   - Every `pgfence …` (or `go run ./cmd/pgfence …`) command in a ```sh,
 //     ```bash, ```shell, ```console ("$ " lines) or ```cron block names
 //     subcommands and flags that the CLI has, as its --help output says.
@@ -21,7 +25,10 @@
 //     the docs point at doc comments instead of restating them, and those
 //     pointers must not dangle.
 //   - Every relative link points at an existing file, and every #anchor at
-//     a heading of the file it names.
+//     a heading of the file it names; every `the section "X" of
+//     [pkg/doc.go](…)` names a `# X` heading of that doc comment.
+//   - Every `go test` command's -run and -bench patterns match a function
+//     of the packages it names.
 //
 // # The snippet environment
 //

@@ -8,10 +8,10 @@ import (
 	"sync"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // pending are files other work adds to docs/; links to them are allowed
 // before they exist. Remove an entry once its file is in the tree.
