@@ -34,7 +34,7 @@ acquirer takes it with a higher fence.`,
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withLeases(ctx, g, "pgfence leases", func(ctx context.Context, lc *leases.Client, now time.Time) error {
+			return withLeases(ctx, g, "pgfence leases", nil, func(ctx context.Context, lc *leases.Client, now time.Time) error {
 				infos, err := lc.List(ctx)
 				if err != nil {
 					return fmt.Errorf("list leases: %w", err)
@@ -52,9 +52,13 @@ acquirer takes it with a higher fence.`,
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of objects) instead of a table")
 
-	var force bool
+	var (
+		force     bool
+		terminate bool
+		timeout   time.Duration
+	)
 	release := &cobra.Command{
-		Use:   "release --force NAME",
+		Use:   "release --force [--timeout D] [--terminate] NAME",
 		Short: "Break-glass: make a lease expire now",
 		Long: `Make lease NAME expire now, whoever holds it. This is the operator's
 break-glass for a holder that is stuck but still renewing.
@@ -63,7 +67,14 @@ The holder's next renewal fails and its lease context is cancelled (a
 'pgfence run' holder then stops its command); the next grant gets a higher
 fence, so fenced writes of the old holder are rejected. The holder may still
 be running until it notices — at most about a third of its TTL. Requires
---force. Fails (exit 1) when nobody holds NAME.`,
+--force. Fails (exit 1) when nobody holds NAME.
+
+It never hangs: a holder frozen inside an open fenced transaction keeps the
+lease row locked, and the release waits at most --timeout for it, then fails
+naming the blocking backends (pid, application, client address, since when).
+With --terminate it ends those backends (pg_terminate_backend: the role
+needs pg_signal_backend, which pgfence_operator has when the migration could
+grant it) and tries once more; their open transactions roll back.`,
 		Args: argsUsage(cobra.ExactArgs(1)),
 		RunE: action(func(cmd *cobra.Command, args []string) error {
 			name := args[0]
@@ -73,18 +84,34 @@ be running until it notices — at most about a third of its TTL. Requires
 			if err := validateLeaseName(name); err != nil {
 				return err
 			}
+			if timeout < time.Millisecond || timeout > time.Hour {
+				return usageErrorf("--timeout must be between 1ms and 1h, got %s", timeout)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withLeases(ctx, g, "pgfence leases release", func(ctx context.Context, lc *leases.Client, now time.Time) error {
+			opts := []leases.Option{leases.WithForceReleaseTimeout(timeout)}
+			return withLeases(ctx, g, "pgfence leases release", opts, func(ctx context.Context, lc *leases.Client, now time.Time) error {
 				before, err := lc.Get(ctx, name)
 				if err != nil && !errors.Is(err, leases.ErrNotHeld) {
 					return fmt.Errorf("read lease %q: %w", name, err)
 				}
-				if err := lc.ForceRelease(ctx, name); err != nil {
+				err = lc.ForceRelease(ctx, name)
+				var blocked *leases.BlockedError
+				if terminate && errors.As(err, &blocked) && len(blocked.Blockers) > 0 {
+					if terr := terminateBackends(ctx, g, blocked.Blockers); terr != nil {
+						return fmt.Errorf("%w; --terminate: %w", err, terr)
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "pgfence: %v: terminated %d backend(s), trying again\n", err, len(blocked.Blockers))
+					err = lc.ForceRelease(ctx, name)
+				}
+				if err != nil {
 					if errors.Is(err, leases.ErrNotHeld) {
 						return fmt.Errorf("lease %q is not held (no such lease, or it has already expired): nothing to release; see 'pgfence leases ls'", name)
 					}
-					return fmt.Errorf("force-release lease %q: %w", name, err)
+					if errors.Is(err, leases.ErrBlocked) && !terminate {
+						return fmt.Errorf("%w (add --terminate to end them)", err)
+					}
+					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "released lease %q (was held by %s, fence %d); its holder's next renewal fails and the next grant gets a higher fence\n",
 					name, orDash(before.Owner), before.Fence)
@@ -93,13 +120,15 @@ be running until it notices — at most about a third of its TTL. Requires
 		}),
 	}
 	release.Flags().BoolVar(&force, "force", false, "confirm that the lease should be broken")
+	release.Flags().DurationVar(&timeout, "timeout", leases.DefaultForceReleaseTimeout, "how long to wait for a lease row locked by the holder's open transaction (1ms..1h)")
+	release.Flags().BoolVar(&terminate, "terminate", false, "end the backends that block the release (their transactions roll back) and try again")
 	cmd.AddCommand(ls, release)
 	return cmd
 }
 
 // withLeases opens a pool and a leases client for one command, checks the
 // schema, reads the database clock, and closes everything after fn.
-func withLeases(ctx context.Context, g *globals, app string, fn func(context.Context, *leases.Client, time.Time) error) error {
+func withLeases(ctx context.Context, g *globals, app string, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
 	pool, err := openPool(ctx, g.connString(), app, 2)
 	if err != nil {
 		return err
@@ -112,12 +141,33 @@ func withLeases(ctx context.Context, g *globals, app string, fn func(context.Con
 	if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 		return fmt.Errorf("read the database clock: %w", err)
 	}
-	lc, err := leases.New(pool)
+	lc, err := leases.New(pool, opts...)
 	if err != nil {
 		return fmt.Errorf("leases client: %w", err)
 	}
 	defer lc.Close()
 	return fn(ctx, lc, now)
+}
+
+// terminateBackends ends the given backends and waits until they are gone.
+func terminateBackends(ctx context.Context, g *globals, bs []leases.Backend) error {
+	pool, err := openPool(ctx, g.connString(), "pgfence leases release --terminate", 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pids := make([]int64, len(bs))
+	for i, b := range bs {
+		pids[i] = b.PID
+	}
+	var ended int
+	if err := pool.QueryRow(ctx, sqlTerminate, pids).Scan(&ended); err != nil {
+		return fmt.Errorf("terminate backends %v: %w", pids, err)
+	}
+	if ended != len(pids) {
+		return fmt.Errorf("terminated %d of backends %v (the others had ended, or the role may not signal them: it needs pg_signal_backend)", ended, pids)
+	}
+	return nil
 }
 
 // leaseRow is one row of `leases ls` (and its JSON form). Durations are

@@ -97,3 +97,7 @@ SELECT name, owner, fence, acquired_at, renewed_at, expires_at, expired,
  WHERE NOT expired
    AND held_for > $1
  ORDER BY held_for DESC, name`
+
+// sqlTerminate ends the backends $1 (bigint[]) and waits up to 5s for each
+// to exit; it returns how many it ended.
+const sqlTerminate = `SELECT count(*) FILTER (WHERE pg_terminate_backend(p::int, 5000)) FROM unnest($1::bigint[]) AS p`

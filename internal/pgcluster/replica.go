@@ -172,3 +172,7 @@ func plainIdentifier(s string) bool {
 	}
 	return true
 }
+
+// Tool finds one of the server's client programs (pg_dump, pg_restore,
+// pg_basebackup) from the same installation as the server.
+func (c *Cluster) Tool(name string) (string, error) { return c.tool(name) }

@@ -1,0 +1,81 @@
+package leases
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// TestForceReleaseFrozenHolder (scenario: break-glass behind a frozen
+// holder). The holder is inside an open fenced transaction — its lease row
+// share-locked — and never commits. ForceRelease returns within its bound
+// with a *BlockedError naming the holder's backend; once that backend is
+// ended, it succeeds and the lease can be granted again.
+func TestForceReleaseFrozenHolder(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	ctx := testContext(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0); SELECT pgfence.protect('work')`); err != nil {
+		t.Fatal(err)
+	}
+	holderPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "frozen-holder" })
+	holder := newClient(t, holderPool)
+	l, err := holder.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen, err := holderPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(frozen.Release)
+	frozenPID := int64(frozen.Conn().PgConn().PID())
+	for _, q := range []string{
+		`BEGIN`,
+		`SELECT pgfence.declare_token('job', ` + itoa(l.Fence()) + `)`,
+		`INSERT INTO work VALUES (1)`, // share-locks the lease row until COMMIT, which never comes
+	} {
+		if _, err := frozen.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	admin := newClient(t, pool, WithForceReleaseTimeout(500*time.Millisecond))
+	start := time.Now()
+	err = admin.ForceRelease(ctx, "job")
+	took := time.Since(start)
+	var be *BlockedError
+	if !errors.Is(err, ErrBlocked) || !errors.As(err, &be) {
+		t.Fatalf("ForceRelease behind a frozen holder = %v, want a *BlockedError", err)
+	}
+	// Bound: the 500ms lock timeout plus a loaded machine's slack.
+	if took > 10*time.Second {
+		t.Errorf("ForceRelease took %v with a 500ms timeout", took)
+	}
+	if len(be.Blockers) != 1 || be.Blockers[0].PID != frozenPID || be.Blockers[0].Application != "frozen-holder" || be.Blockers[0].Since.IsZero() {
+		t.Fatalf("blockers = %+v, want the frozen holder's backend %d (frozen-holder) with its transaction start", be.Blockers, frozenPID)
+	}
+	t.Logf("ForceRelease returned after %v: %v", took.Round(time.Millisecond), err)
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, frozenPID); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 30*time.Second, "the frozen backend to end", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, frozenPID).Scan(&n)
+		return n == 0
+	})
+	if err := admin.ForceRelease(ctx, "job"); err != nil {
+		t.Fatalf("ForceRelease after ending the blocker: %v", err)
+	}
+	if _, err := admin.TryAcquire(ctx, "job", time.Minute); err != nil {
+		t.Fatalf("TryAcquire after the force-release: %v", err)
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
