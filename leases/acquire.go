@@ -76,6 +76,15 @@ func (c *Client) dequeue(name string, w *waiter) {
 	}
 }
 
+// holdsLocally reports whether this client holds name right now, or is
+// releasing it (the release has not committed yet).
+func (c *Client) holdsLocally(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.held[name]
+	return l != nil && l.state == stateHeld || c.releasing[name] > 0
+}
+
 // wakeQueue signals the head waiter of name, if any.
 func (c *Client) wakeQueue(name string) {
 	c.mu.Lock()
@@ -121,6 +130,21 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for attempt := 0; ; attempt++ {
+		if c.holdsLocally(name) {
+			// Another caller of this client holds it: an attempt could
+			// only fail. Its release, or its loss, wakes this queue; the
+			// poll interval bounds the wait in any case.
+			timer.Reset(jitter(c.cfg.pollInterval))
+			select {
+			case <-w.wake:
+			case <-timer.C:
+			case <-ctx.Done():
+				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
+			case <-c.done:
+				return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
+			}
+			continue
+		}
 		c.want(ctx, name) // before the attempt: see interest.go
 		l, holder, remaining, err := c.grant(ctx, name, ttl)
 		if err != nil {

@@ -40,6 +40,7 @@ type Client struct {
 	mu        sync.Mutex
 	closed    bool
 	held      map[string]*Lease // by name: renewed by the keepalive
+	releasing map[string]int    // names whose Release has not returned yet
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
 	orphans   []*Lease          // lost at the local deadline; grants to end
 	queues    map[string]*queue // waiting acquirers per name
@@ -83,6 +84,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		done:      make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		held:      make(map[string]*Lease),
+		releasing: make(map[string]int),
 		queues:    make(map[string]*queue),
 		observers: make(map[string]map[*observer]struct{}),
 		ready:     make(chan struct{}),

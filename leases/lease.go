@@ -163,11 +163,22 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.state = stateReleasing
 		c.dropLocked(l)
 		l.cancel(ErrReleased)
+		// This client's own waiters attempt once the release has
+		// committed: before, an attempt could only fail — a wasted
+		// statement per hand-over.
+		c.releasing[l.name]++
+		defer func() {
+			c.mu.Lock()
+			if c.releasing[l.name]--; c.releasing[l.name] <= 0 {
+				delete(c.releasing, l.name)
+			}
+			c.mu.Unlock()
+			c.wakeQueue(l.name)
+		}()
 	}
 	notified := !l.releaseNotified.IsZero()
 	c.mu.Unlock()
 	end := time.Now()
-	c.wakeQueue(l.name)
 
 	var live *bool
 	err := c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))

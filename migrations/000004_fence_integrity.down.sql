@@ -217,6 +217,8 @@ SELECT setval('pgfence.fence_seq',
               greatest(f.floor, coalesce((SELECT max(l.fence) FROM pgfence.leases AS l), 0), 1))
   FROM pgfence.fence_floor AS f;
 DROP TABLE pgfence.fence_floor;
+CREATE INDEX leases_expires_at_idx ON pgfence.leases (expires_at);
+ALTER TABLE pgfence.leases RESET (fillfactor);
 
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence TO PUBLIC;
 
