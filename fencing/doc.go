@@ -120,15 +120,13 @@
 //	 WHERE id = $1 AND fence <= $3
 //
 // That alone does not stop a stale holder that writes before its successor
-// does. Adding rule (c) and its share lock:
+// does. Adding rule (c) and its share lock, as pgfence_client may: declare
+// the token, then have pgfence.token_fence check it (it raises PF001 or
+// PF002, and share-locks the lease row until the transaction ends):
 //
-//	WITH lease AS (
-//	    SELECT 1 FROM pgfence.leases
-//	     WHERE name = $4 AND fence = $3 AND expires_at > clock_timestamp()
-//	       FOR SHARE
-//	)
-//	UPDATE accounts SET balance = $2, fence = $3
-//	 WHERE id = $1 AND fence <= $3 AND EXISTS (SELECT FROM lease)
+//	SELECT pgfence.declare_token($4, $3);   -- in the same transaction
+//	UPDATE accounts SET balance = $2, fence = pgfence.token_fence('accounts')
+//	 WHERE id = $1 AND fence <= $3
 //
 // Every write must be written this way; the guard exists so that forgetting
 // one is an error rather than a silent hole.
@@ -143,15 +141,17 @@
 //     then, ALTER TABLE … ENABLE ALWAYS TRIGGER pgfence_guard — which also
 //     makes the guard reject replicated writes on a logical-replication
 //     subscriber, so decide per table.
-//   - A session-level SET pgfence.fence = … (not SET LOCAL) declares a token
-//     for every later transaction of that session, satisfying (a); (b) and
-//     (c) still apply to it.
-//   - A fence-only token cannot detect a stale holder that writes before its
-//     successor has written the same row.
+//   - Fencing is not authorisation: a role with pgfence_client can take any
+//     free lease, and can read any holder's (name, fence) from
+//     pgfence.leases and write under that token. The guard stops stale
+//     holders, not authorised roles that misbehave (docs/design.md,
+//     "Threat model").
 //   - Fences are only as durable as the database: after a failover to an
-//     asynchronous replica, recent grants and fenced writes can be lost.
-//   - The guard runs with the writer's privileges. Writers presenting lease
-//     tokens need USAGE on schema pgfence and SELECT and UPDATE on
-//     pgfence.leases (FOR SHARE requires UPDATE privilege); without them the
-//     write fails with a permission error (42501) — it is never let through.
+//     asynchronous replica, recent grants and fenced writes can be lost;
+//     fences drawn afterwards still exceed the lost ones (they follow the
+//     database clock), so a lost grant's holder is rejected.
+//   - The guard checks tokens as the writer, through the SECURITY DEFINER
+//     function pgfence.token_fence: a writer needs pgfence_client; without
+//     it the write fails with a permission error (42501) — it is never let
+//     through.
 package fencing

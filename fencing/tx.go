@@ -16,8 +16,8 @@ import (
 //
 // With a pgx.Tx, Begin opens a savepoint ("nested transaction") and the
 // token it declares stays declared until the outer transaction ends, even
-// after the savepoint is released: PostgreSQL scopes SET LOCAL to the
-// top-level transaction.
+// after the savepoint is released: PostgreSQL keeps a transaction-local
+// setting made in a released savepoint until the top-level transaction ends.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)

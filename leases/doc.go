@@ -85,8 +85,11 @@
 //
 // # Hand-over
 //
-// Release expires the grant now and sends NOTIFY pgfence_leases (payload:
-// the name) in the same statement. The row stays, expired: rows are never
+// Release expires the grant now and, in the same statement, sends NOTIFY
+// pgfence_leases (payload: the name) — but only when some client waits for
+// or observes the lease, which it says by holding the name's wait key (see
+// interest.go): a notifying commit serialises with every other. The row
+// stays, expired: rows are never
 // deleted, so every grant after a name's first draws its fence under the
 // row lock, after the previous grant committed, and fences increase in
 // grant order. Waiting acquirers listen on one dedicated
