@@ -134,6 +134,9 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 			// Another caller of this client holds it: an attempt could
 			// only fail. Its release, or its loss, wakes this queue; the
 			// poll interval bounds the wait in any case.
+			if c.cfg.onWait != nil {
+				c.cfg.onWait(name)
+			}
 			timer.Reset(jitter(c.cfg.pollInterval))
 			select {
 			case <-w.wake:

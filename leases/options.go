@@ -49,7 +49,7 @@ type config struct {
 
 	// Test hooks (unexported options in the package's own tests).
 	noKeepalive bool              // simulate a frozen holder: no renewals, no orphan release
-	onWait      func(name string) // a waiting acquirer is about to sleep after a failed attempt
+	onWait      func(name string) // a waiting acquirer is about to sleep (after a failed attempt, or while its own client holds the lease)
 }
 
 func defaultConfig() config {
