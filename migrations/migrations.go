@@ -5,12 +5,14 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
 
-	"github.com/golang-migrate/migrate/v4"
-	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 )
 
 // FS holds the SQL migration files, named the way golang-migrate expects
@@ -19,28 +21,34 @@ import (
 //go:embed *.sql
 var FS embed.FS
 
-// Table is golang-migrate's bookkeeping table for pgfence's migrations. It is
-// distinct from golang-migrate's default (schema_migrations), so pgfence's
-// history never collides with the application's own. Pass it to the upstream
-// CLI as x-migrations-table=pgfence_schema_migrations.
+// Table is the bookkeeping table for pgfence's migrations, in golang-migrate's
+// format (version bigint, dirty boolean), in the connection's current
+// schema. It is distinct from golang-migrate's default (schema_migrations),
+// so pgfence's history never collides with the application's own. Pass it
+// to the upstream CLI as x-migrations-table=pgfence_schema_migrations: the
+// two interoperate, and serialise on the same advisory lock.
 const Table = "pgfence_schema_migrations"
 
-// Up applies every pending migration. It is safe to run from many processes
-// at once: golang-migrate serialises them with an advisory lock, and the
-// ones that find the schema current return nil.
+// ErrDirty is returned by Up and Down when the last migration failed
+// part-way: fix the schema by hand, then set the version with the upstream
+// CLI (migrate force N).
+var ErrDirty = errors.New("migrations: database is dirty: a migration failed part-way")
+
+// ErrInvalid is returned for a connection string that cannot be parsed. Its
+// message never repeats the string, which may hold a password.
+var ErrInvalid = errors.New("migrations: invalid input")
+
+// Up applies every pending migration, each file in its own transaction. It
+// is safe to run from many processes at once (and beside the upstream CLI):
+// they serialise on golang-migrate's advisory lock, and the ones that find
+// the schema current return nil.
 //
 // databaseURL is a PostgreSQL connection string in URL or keyword/value form
-// (anything pgx.ParseConfig accepts). Cancelling ctx stops after the
-// migration in progress.
+// (anything pgx.ParseConfig accepts); errors never quote it. ctx bounds
+// connecting and waiting for the lock; once a migration has started it runs
+// to its end, and cancelling ctx stops before the next one.
 func Up(ctx context.Context, databaseURL string) error {
-	err := withMigrate(ctx, databaseURL, func(m *migrate.Migrate) error {
-		err := m.Up()
-		if errors.Is(err, migrate.ErrNoChange) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
+	if err := run(ctx, databaseURL, up); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
 	}
 	return nil
@@ -50,16 +58,9 @@ func Up(ctx context.Context, databaseURL string) error {
 // guard triggers pgfence.protect installed. It drops nothing of the
 // application's: an application object that depends on pgfence makes it fail.
 // The bookkeeping table Table is left in place, empty, as golang-migrate
-// leaves it.
+// leaves it. Like Up, it serialises with other runs.
 func Down(ctx context.Context, databaseURL string) error {
-	err := withMigrate(ctx, databaseURL, func(m *migrate.Migrate) error {
-		err := m.Down()
-		if errors.Is(err, migrate.ErrNoChange) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
+	if err := run(ctx, databaseURL, down); err != nil {
 		return fmt.Errorf("migrations: down: %w", err)
 	}
 	return nil
@@ -69,13 +70,9 @@ func Down(ctx context.Context, databaseURL string) error {
 // migration failed half-way (dirty). It returns version 0 when none is
 // applied.
 func Version(ctx context.Context, databaseURL string) (version uint, dirty bool, err error) {
-	err = withMigrate(ctx, databaseURL, func(m *migrate.Migrate) error {
+	err = withConn(ctx, databaseURL, func(conn *pgx.Conn, b bookkeeping) error {
 		var verr error
-		version, dirty, verr = m.Version()
-		if errors.Is(verr, migrate.ErrNilVersion) {
-			version, dirty = 0, false
-			return nil
-		}
+		version, dirty, verr = b.version(ctx, conn)
 		return verr
 	})
 	if err != nil {
@@ -84,69 +81,273 @@ func Version(ctx context.Context, databaseURL string) (version uint, dirty bool,
 	return version, dirty, nil
 }
 
-// withMigrate opens a golang-migrate instance over the embedded files and the
-// pgx/v5 driver, runs fn, and closes everything before returning. fn runs in
-// a goroutine so that ctx can interrupt it gracefully between migrations; the
-// goroutine is always waited for.
-func withMigrate(ctx context.Context, databaseURL string, fn func(*migrate.Migrate) error) error {
+// Latest is the version Up migrates to: the highest version in FS.
+func Latest() (uint, error) {
+	ms, err := load()
+	if err != nil {
+		return 0, fmt.Errorf("migrations: %w", err)
+	}
+	return ms[len(ms)-1].version, nil
+}
+
+// migration is one version's pair of files.
+type migration struct {
+	version  uint
+	up, down string // file names
+}
+
+// load reads the versions in FS, in ascending order.
+func load() ([]migration, error) {
+	entries, err := fs.ReadDir(FS, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read embedded files: %w", err)
+	}
+	byVersion := map[uint]*migration{}
+	for _, e := range entries {
+		name := e.Name()
+		digits, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.ParseUint(digits, 10, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("embedded file %q: want NNNNNN_title.up.sql or .down.sql", name)
+		}
+		m := byVersion[uint(v)]
+		if m == nil {
+			m = &migration{version: uint(v)}
+			byVersion[uint(v)] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.up = name
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.down = name
+		default:
+			return nil, fmt.Errorf("embedded file %q: want NNNNNN_title.up.sql or .down.sql", name)
+		}
+	}
+	ms := make([]migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.up == "" || m.down == "" {
+			return nil, fmt.Errorf("migration %d lacks its up or down file", m.version)
+		}
+		ms = append(ms, *m)
+	}
+	if len(ms) == 0 {
+		return nil, errors.New("no embedded migrations")
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	return ms, nil
+}
+
+type direction bool
+
+const (
+	up   direction = true
+	down direction = false
+)
+
+// run migrates all the way up or down under the advisory lock.
+func run(ctx context.Context, databaseURL string, dir direction) error {
+	ms, err := load()
+	if err != nil {
+		return err
+	}
+	return withConn(ctx, databaseURL, func(conn *pgx.Conn, b bookkeeping) error {
+		if err := b.lock(ctx, conn); err != nil {
+			return err
+		}
+		defer b.unlock(conn)
+		// Under the lock: concurrent CREATE TABLE IF NOT EXISTS can fail.
+		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+b.table+` (version bigint not null primary key, dirty boolean not null)`); err != nil {
+			return fmt.Errorf("create %s: %w", b.table, err)
+		}
+		cur, dirty, err := b.version(ctx, conn)
+		if err != nil {
+			return err
+		}
+		if dirty {
+			return fmt.Errorf("%w (version %d)", ErrDirty, cur)
+		}
+		steps, err := plan(ms, cur, dir)
+		if err != nil {
+			return err
+		}
+		for _, s := range steps {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("stopped before migration %d: %w", s.file.version, context.Cause(ctx))
+			}
+			if err := apply(ctx, conn, b, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// step runs one file and leaves the database at version target (0: none).
+type step struct {
+	file   migration
+	name   string // the file to run
+	target uint
+}
+
+// plan lists the files to run from version cur.
+func plan(ms []migration, cur uint, dir direction) ([]step, error) {
+	at := -1 // index of the applied version; -1: none
+	for i, m := range ms {
+		if m.version == cur {
+			at = i
+		}
+	}
+	if cur != 0 && at < 0 {
+		return nil, fmt.Errorf("the database is at version %d, which this build does not know: use a newer pgfence", cur)
+	}
+	var steps []step
+	if dir == up {
+		for _, m := range ms[at+1:] {
+			steps = append(steps, step{file: m, name: m.up, target: m.version})
+		}
+		return steps, nil
+	}
+	for i := at; i >= 0; i-- {
+		var target uint
+		if i > 0 {
+			target = ms[i-1].version
+		}
+		steps = append(steps, step{file: ms[i], name: ms[i].down, target: target})
+	}
+	return steps, nil
+}
+
+// apply runs one file the way golang-migrate does: mark the target version
+// dirty, run the file, mark it clean. The file runs to its end even if ctx
+// ends meanwhile (a half-run migration is what dirty means); its own
+// BEGIN/COMMIT make it atomic.
+func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, s step) error {
+	sql, err := fs.ReadFile(FS, s.name)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", s.name, err)
+	}
+	if err := b.set(ctx, conn, s.target, true); err != nil {
+		return err
+	}
+	rctx := context.WithoutCancel(ctx)
+	if _, err := conn.Exec(rctx, string(sql)); err != nil {
+		_, _ = conn.Exec(rctx, "ROLLBACK") // leave the file's failed transaction, if any
+		return fmt.Errorf("run %s: %w", s.name, err)
+	}
+	return b.set(rctx, conn, s.target, false)
+}
+
+// bookkeeping is the version table and the advisory lock, named as
+// golang-migrate's pgx/v5 driver names them.
+type bookkeeping struct {
+	table  string // schema-qualified, quoted
+	lockID int64
+}
+
+// withConn connects, resolves the bookkeeping names, ensures the table
+// exists and runs fn; the connection is closed before it returns.
+func withConn(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("parse database URL: %w", err)
+		// pgx's message quotes the string (with the password only partly
+		// redacted when it is escaped): say nothing of it.
+		return fmt.Errorf("%w: the database URL cannot be parsed (its text is not repeated here: it may hold a password)", ErrInvalid)
 	}
-	db := stdlib.OpenDB(*cfg)
-	// The driver's Lock blocks on pg_advisory_lock without a context; ctx
-	// still bounds connecting.
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{MigrationsTable: Table})
-	if err != nil {
-		_ = db.Close()
-		return fmt.Errorf("open pgx driver: %w", err)
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	var db, schema string
+	if err := conn.QueryRow(ctx, `SELECT current_database(), current_schema()`).Scan(&db, &schema); err != nil {
+		return fmt.Errorf("read current schema: %w", err)
 	}
-	src, err := iofs.New(FS, ".")
-	if err != nil {
-		_ = driver.Close()
-		return fmt.Errorf("open embedded migrations: %w", err)
+	b := bookkeeping{
+		table:  pgx.Identifier{schema, Table}.Sanitize(),
+		lockID: advisoryLockID(db, schema, Table),
 	}
-	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
-	if err != nil {
-		_ = src.Close()
-		_ = driver.Close()
-		return fmt.Errorf("init migrate: %w", err)
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- fn(m) }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		m.GracefulStop <- true
-		err = <-done
-		if err == nil {
-			err = ctx.Err()
-		}
-	}
-	srcErr, dbErr := m.Close()
-	return errors.Join(err, srcErr, dbErr)
+	return fn(conn, b)
 }
 
-// Latest is the version Up migrates to: the highest version in FS.
-func Latest() (uint, error) {
-	entries, err := FS.ReadDir(".")
-	if err != nil {
-		return 0, fmt.Errorf("migrations: read embedded files: %w", err)
+// advisoryLockID is golang-migrate's database.GenerateAdvisoryLockId for
+// (database, schema, table): the CRC-32 of the names joined by NUL, times a
+// salt, in uint32 arithmetic. Equal IDs make this package and the upstream
+// CLI wait for each other.
+func advisoryLockID(db, schema, table string) int64 {
+	const salt = 1486364155
+	sum := crc32.ChecksumIEEE([]byte(schema + "\x00" + table + "\x00" + db))
+	return int64(sum * uint32(salt))
+}
+
+func (b bookkeeping) lock(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, b.lockID); err != nil {
+		return fmt.Errorf("take the migration lock: %w", err)
 	}
-	var latest uint
-	for _, e := range entries {
-		var v uint
-		if _, err := fmt.Sscanf(e.Name(), "%d_", &v); err == nil && v > latest {
-			latest = v
+	return nil
+}
+
+// unlock releases the lock; closing the connection would too.
+func (b bookkeeping) unlock(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, b.lockID)
+}
+
+func (b bookkeeping) version(ctx context.Context, conn *pgx.Conn) (uint, bool, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, b.table).Scan(&exists); err != nil {
+		return 0, false, fmt.Errorf("look for %s: %w", b.table, err)
+	}
+	if !exists {
+		return 0, false, nil
+	}
+	var v int64
+	var dirty bool
+	err := conn.QueryRow(ctx, `SELECT version, dirty FROM `+b.table+` LIMIT 1`).Scan(&v, &dirty)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("read %s: %w", b.table, err)
+	case v < 0:
+		return 0, dirty, nil // golang-migrate's NilVersion, dirty after a failed first down
+	}
+	return uint(v), dirty, nil
+}
+
+// set records version v (0: none) as golang-migrate does: the table holds at
+// most one row; version 0 clean leaves it empty.
+func (b bookkeeping) set(ctx context.Context, conn *pgx.Conn, v uint, dirty bool) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("record version %d: %w", v, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `TRUNCATE `+b.table); err != nil {
+		return fmt.Errorf("record version %d: %w", v, err)
+	}
+	if v > 0 || dirty {
+		version := int64(v)
+		if v == 0 {
+			version = -1 // golang-migrate's NilVersion
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+b.table+` (version, dirty) VALUES ($1, $2)`, version, dirty); err != nil {
+			return fmt.Errorf("record version %d: %w", v, err)
 		}
 	}
-	return latest, nil
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("record version %d: %w", v, err)
+	}
+	return nil
 }
