@@ -39,8 +39,8 @@
 //	(b) rejects a token lower than the fence stored in the row (PF001, ErrStale);
 //	(c) rejects the token unless it is its lease's current fence and
 //	    unexpired by the database clock (PF001) — so only fences that were
-//	    issued, and are still held, can write — and holds a share lock on
-//	    the lease row (FOR SHARE) until the transaction ends;
+//	    issued, and are still held, can write — and holds the lease's fence
+//	    lock (shared) until the transaction ends;
 //	(d) stores the token's fence in the row, whatever the write set it to.
 //
 // TRUNCATE fires no row triggers, so Protect also installs a BEFORE TRUNCATE
@@ -53,26 +53,31 @@
 // when it writes first — in the window after its lease expired but before
 // B's first write — and for rows B never touches.
 //
-// # The share lock
+// # The fence lock
 //
 // Rule (c) checks the lease at the moment of the write, but the transaction
-// commits later. The share lock closes that window: granting the lease to
-// someone else (the leases package's INSERT … ON CONFLICT DO UPDATE), renewing
-// it, force-releasing it (UPDATE or DELETE) all need a row lock that conflicts
-// with FOR SHARE, so they wait until the fenced transaction ends. Either the
-// transaction commits before the next grant — and the next holder, reading
-// after its grant, sees its writes — or the grant came first, and READ
-// COMMITTED re-checks the new lease row version, finds another fence, and
-// rejects the write. Never both. Under REPEATABLE READ or SERIALIZABLE a
-// concurrent change to the lease row can surface as a serialization failure
-// (SQLSTATE 40001) instead of PF001; the write does not commit either way.
+// commits later. The fence lock closes that window: before it checks, the
+// guard takes the lease's fence lock — a transaction-level advisory lock —
+// shared, and a grant that takes the lease over from an expired or
+// force-released holder, and a force-release, take it exclusively. So they
+// wait until the fenced transaction ends. Either the transaction commits
+// before the next grant — and the next holder, reading after its grant, sees
+// its writes — or the grant came first, and the guard's read, taken after
+// the lock was granted, finds another fence and rejects the write. Never
+// both. Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot
+// may predate the grant, so there the guard also share-locks the lease row,
+// and the case surfaces as a serialization failure (SQLSTATE 40001) instead
+// of PF001; the write does not commit either way.
 //
-// The cost of this: while a fenced transaction is open, its lease row cannot
-// be updated or deleted — renewals are deferred or wait, releases and
-// takeovers wait. Keep fenced transactions short compared with the lease's
-// TTL: expect a transaction that outlasts the holder's local deadline to
-// cost the holder its lease (safely: its writes commit before anyone else is
-// granted the lease, or are rejected).
+// An advisory lock lives in the lock manager: many writers under one lease
+// share it without writing WAL or creating MultiXacts, and renewals and
+// releases never wait for it. Takeovers and force-releases do: keep fenced
+// transactions short compared with the lease's TTL. A transaction that
+// outlasts the holder's local deadline costs the holder its lease, safely:
+// its writes commit before anyone else is granted the lease, or are
+// rejected. A frozen holder's open transaction holds the next grant back
+// until it ends: leases.Client.ForceRelease names it and
+// `pgfence leases release --force --terminate` ends it.
 //
 // # Errors
 //
@@ -120,9 +125,9 @@
 //	 WHERE id = $1 AND fence <= $3
 //
 // That alone does not stop a stale holder that writes before its successor
-// does. Adding rule (c) and its share lock, as pgfence_client may: declare
+// does. Adding rule (c) and its fence lock, as pgfence_client may: declare
 // the token, then have pgfence.token_fence check it (it raises PF001 or
-// PF002, and share-locks the lease row until the transaction ends):
+// PF002, and holds the fence lock until the transaction ends):
 //
 //	SELECT pgfence.declare_token($4, $3);   -- in the same transaction
 //	UPDATE accounts SET balance = $2, fence = pgfence.token_fence('accounts')

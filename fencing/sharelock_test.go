@@ -7,16 +7,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
 )
 
 // TestShareLockBlocksLeaseChanges: while a fenced transaction that has
-// written is open, every change to its lease row waits for it — the takeover
-// upsert the leases package grants with, a renewal or force-release
-// (UPDATE), and a DELETE-based release — so none can commit in the middle of
-// the transaction. Blocking is observed with pg_blocking_pids, not timing.
+// written is open, a takeover of its lease and a force-release wait for it
+// (the fence lock), so neither can commit in the middle of the
+// transaction; a renewal does not wait. Blocking is observed with
+// pg_blocking_pids, not timing.
 func TestShareLockBlocksLeaseChanges(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -28,8 +29,7 @@ func TestShareLockBlocksLeaseChanges(t *testing.T) {
 		expireFirst bool
 	}{
 		{"takeover", grantLease, []any{"job", "B", time.Minute.Microseconds()}, true},
-		{"renew-or-force-release", `UPDATE pgfence.leases SET expires_at = clock_timestamp() WHERE name = $1`, []any{"job"}, false},
-		{"delete-release", `DELETE FROM pgfence.leases WHERE name = $1`, []any{"job"}, false},
+		{"force-release", `SELECT pgfence.force_release($1, 60000)`, []any{"job"}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -101,4 +101,69 @@ func waitFor(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// TestRenewalDoesNotWaitForFencedWrites: the fence lock blocks takeovers
+// only; the holder's keepalive renews while its fenced transaction is open.
+func TestRenewalDoesNotWaitForFencedWrites(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	a := grant(t, pool, "job", time.Minute)
+	tx, err := fencing.Begin(bg, pool, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(bg)
+	if _, err := tx.Exec(bg, upsertItem, 1, "A"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(bg, 30*time.Second) // far above a round trip; a wait would hit it
+	defer cancel()
+	var until *time.Time
+	if err := pool.QueryRow(ctx, `SELECT pgfence.renew('job', 'owner-job', $1, 60000000)`, a.Fence).Scan(&until); err != nil || until == nil {
+		t.Fatalf("renewal during an open fenced transaction: %v, %v", until, err)
+	}
+	if err := tx.Commit(bg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRepeatableReadSeesTakeover: a REPEATABLE READ transaction whose
+// snapshot predates a force-release and takeover cannot write with the old
+// token: its snapshot still shows the old grant as current, but the share
+// lock on the lease row turns that into a serialization failure.
+func TestRepeatableReadSeesTakeover(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	a := grant(t, pool, "job", time.Minute)
+	conn, err := pool.Acquire(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(bg)
+	if _, err := tx.Exec(bg, `SELECT pgfence.declare_token($1, $2)`, a.Lease, a.Fence); err != nil {
+		t.Fatal(err) // the snapshot is taken here
+	}
+	mustExec(t, pool, `SELECT pgfence.force_release('job')`)
+	b := grant(t, pool, "job", time.Minute)
+	_, err = tx.Exec(bg, upsertItem, 1, "A-stale")
+	if err == nil {
+		t.Fatalf("a REPEATABLE READ write with the old token succeeded after the takeover (new fence %d)", b.Fence)
+	}
+	if st := sqlState(err); st != "40001" && st != fencing.SQLStateStale {
+		t.Fatalf("stale REPEATABLE READ write: %v, want a serialization failure or PF001", err)
+	}
+}
+
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }

@@ -197,7 +197,7 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 // grant. Safe to repeat.
 //
 // It never waits without bound: a holder frozen inside an open fenced
-// transaction share-locks the lease row, and ForceRelease waits for it at
+// transaction holds the lease's fence lock, and ForceRelease waits for it at
 // most until ctx's deadline or WithForceReleaseTimeout (default 5s),
 // whichever is sooner; then it returns a *BlockedError (matching
 // ErrBlocked) naming the backends in the way. Ending them (for example

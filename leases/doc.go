@@ -76,8 +76,8 @@
 // A lease is due for renewal TTL/3 after its last successful request
 // started; the keepalive renews every lease due within the next TTL/12 in
 // one batched statement, so leases coalesce into a few statements per
-// period. Rows that are locked at that moment (a fenced transaction of the
-// holder holds a share lock on its lease row) are skipped and retried
+// period. Rows that are locked at that moment (a takeover or force-release
+// in progress) are skipped and retried
 // shortly, so one busy lease cannot delay the others. A renewal that finds
 // no row loses that lease at once; a failed statement (network, restart)
 // is retried with backoff from 25ms to 1s until each lease's own deadline

@@ -114,8 +114,9 @@ $$;
 -- the other columns describe the new grant, or else the holder's, with
 -- remaining_us the time to its expiry. No row: the holder committed while
 -- this call ran; ask again. A live grant is answered from the snapshot
--- without locking the row, so a holder's open fenced transaction (which
--- share-locks the row) never makes a caller wait for "held".
+-- without locking anything. A takeover first takes the lease's fence lock
+-- (see token_fence) exclusively, so it waits for the previous holder's open
+-- fenced transactions to end: their writes commit before the new grant.
 CREATE FUNCTION pgfence.try_acquire(lease text, lease_owner text, ttl_us bigint,
         OUT granted boolean, OUT holder text, OUT fence bigint, OUT acquired_at timestamptz,
         OUT renewed_at timestamptz, OUT expires_at timestamptz, OUT remaining_us bigint)
@@ -141,6 +142,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT f.floor + 1 INTO min_fence FROM pgfence.fence_floor AS f;
+    PERFORM pg_advisory_xact_lock(1885824614, pgfence.wait_key(lease));
     RETURN QUERY
     INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at)
     VALUES (lease, lease_owner,
@@ -194,9 +196,9 @@ END
 $$;
 
 -- renew_many renews many grants in one statement (a keepalive tick). Rows
--- locked by someone else — a fenced transaction share-locks its lease row —
--- are skipped, not waited for, and come back busy, to be retried soon. A
--- grant with expires_at NULL and busy false is lost.
+-- locked by someone else (a takeover or force-release in progress) are
+-- skipped, not waited for, and come back busy, to be retried soon. A grant
+-- with expires_at NULL and busy false is lost.
 CREATE FUNCTION pgfence.renew_many(leases text[], owners text[], fences bigint[], ttls_us bigint[])
     RETURNS TABLE (lease text, expires_at timestamptz, busy boolean)
     LANGUAGE sql VOLATILE SECURITY DEFINER
@@ -275,9 +277,11 @@ END
 $$;
 
 -- force_release expires whatever grant lease has, now, and always notifies
--- (the holder's own client listens too). Break-glass: it waits at most
--- timeout_ms for the row — a frozen holder inside an open fenced transaction
--- share-locks it — and then fails with SQLSTATE 55P03 (lock_not_available).
+-- (the holder's own client listens too). Like a takeover it first takes the
+-- lease's fence lock exclusively, so that the holder's open fenced
+-- transactions end first. Break-glass: it waits at most timeout_ms for that
+-- — a frozen holder inside an open fenced transaction holds it — and then
+-- fails with SQLSTATE 55P03 (lock_not_available).
 -- true: a live grant was ended; false: it had expired; NULL: no such lease.
 CREATE FUNCTION pgfence.force_release(lease text, timeout_ms integer DEFAULT 5000)
     RETURNS boolean
@@ -295,6 +299,7 @@ BEGIN
             MESSAGE = format('pgfence: force-release timeout must be positive, got %s ms', coalesce(timeout_ms::text, 'NULL'));
     END IF;
     PERFORM set_config('lock_timeout', timeout_ms::text, true);
+    PERFORM pg_advisory_xact_lock(1885824614, pgfence.wait_key(lease));
     UPDATE pgfence.leases AS l
        SET expires_at = least(l.expires_at, now)
      WHERE l.name = lease
@@ -370,11 +375,20 @@ $$;
 -- token_fence is the fence of the token declared for the current
 -- transaction, after checking that it is honoured: declared by
 -- declare_token in this transaction (PF002 otherwise), and the current,
--- unexpired grant of the lease it names (PF001 otherwise). The lease row is
--- share-locked until the transaction ends, so no takeover, renewal or
--- release of the lease commits before this transaction does; if one
--- committed first, READ COMMITTED re-checks the new row version here and
--- the stale token is rejected.
+-- unexpired grant of the lease it names (PF001 otherwise).
+--
+-- The fence lock. Before it reads the lease it takes the lease's fence lock
+-- — the advisory lock (1885824614 = 'pgff', wait_key(lease)) — shared, until
+-- the transaction ends. A takeover (try_acquire) and a force-release take it
+-- exclusively, so none commits while this transaction is open: either this
+-- transaction commits first (and the next holder, granted afterwards, sees
+-- its writes), or the takeover came first, and the read below, taken after
+-- the lock was granted, sees the new fence and rejects the token. Never
+-- both. An advisory lock lives in the lock manager: unlike a row lock it
+-- writes no WAL, makes no MultiXact however many writers share it, and
+-- blocks no renewal. Under REPEATABLE READ or SERIALIZABLE the transaction's
+-- snapshot may predate a takeover it waited for, so there the lease row is
+-- also share-locked, which turns that case into a serialization failure.
 CREATE FUNCTION pgfence.token_fence(tbl regclass) RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -407,11 +421,19 @@ BEGIN
             HINT    = 'a token is declared per transaction with pgfence.declare_token; a session-level or earlier declaration is not honoured';
     END IF;
     tok := digits::bigint;
-    SELECT l.fence INTO current
-      FROM pgfence.leases AS l
-     WHERE l.name = lease
-       AND l.expires_at > clock_timestamp()
-       FOR SHARE;
+    PERFORM pg_advisory_xact_lock_shared(1885824614, pgfence.wait_key(lease));
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT l.fence INTO current
+          FROM pgfence.leases AS l
+         WHERE l.name = lease
+           AND l.expires_at > clock_timestamp();
+    ELSE
+        SELECT l.fence INTO current
+          FROM pgfence.leases AS l
+         WHERE l.name = lease
+           AND l.expires_at > clock_timestamp()
+           FOR SHARE;
+    END IF;
     IF current IS DISTINCT FROM tok THEN
         RAISE EXCEPTION USING
             ERRCODE = 'PF001',
