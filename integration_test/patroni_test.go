@@ -77,8 +77,8 @@ func TestPatroniFailover(t *testing.T) {
 			load.startLinear(p, 2)
 			leader := mustLeader(t, p)
 			pause(ctx, time.Second)
-			fault := time.Now()
 			c.kill(t, leader)
+			fault := time.Now() // the kill is done: grants asked for from now on are the new primary's
 			next, err := p.WaitLeader(time.Minute, leader)
 			if err != nil {
 				t.Fatal(err)

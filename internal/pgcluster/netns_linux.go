@@ -210,10 +210,12 @@ func (h *nsHost) isolate() error { return ipRun("-n", h.sw, "link", "set", h.por
 func (h *nsHost) heal() error { return ipRun("-n", h.sw, "link", "set", h.port, "up") }
 
 // inNetns runs fn on an OS thread that has joined the host's network
-// namespace. The thread is never returned to the Go scheduler: it exits with
-// the goroutine. fn runs until it returns; a process fn starts keeps the
-// thread (its parent-death signal is tied to the thread) as long as fn
-// does not return, so fn that starts a process should wait for it.
+// namespace, then moves the thread back to this process's namespace and
+// hands it back to the scheduler. Threads are never ended: a process
+// started by fn (or by anyone else on that thread before) gets its
+// parent-death signal when the thread that forked it exits, so ending a
+// thread could kill other tests' children. Only if the thread cannot move
+// back is it ended, with its goroutine.
 func (h *nsHost) inNetns(fn func() error) error {
 	done := make(chan error, 1)
 	var run func()
@@ -221,27 +223,39 @@ func (h *nsHost) inNetns(fn func() error) error {
 		runtime.LockOSThread()
 		if unix.Gettid() == os.Getpid() {
 			// The main thread: its namespace is the whole process's in
-			// /proc, and it is never ended. Hold it so that a new
-			// goroutine lands on another thread, and do the work there.
+			// /proc. Hold it so that a new goroutine lands on another
+			// thread, and do the work there.
 			inner := make(chan struct{})
 			go func() { defer close(inner); run() }()
 			<-inner
 			runtime.UnlockOSThread()
 			return
 		}
-		// Never unlocked from here on: the thread dies with this goroutine.
-		fd, err := syscall.Open(filepath.Join("/var/run/netns", h.ns), syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		home, err := unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("pgcluster: open this thread's namespace: %w", err)
+			return
+		}
+		defer unix.Close(home)
+		target, err := unix.Open(filepath.Join("/var/run/netns", h.ns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
 			done <- fmt.Errorf("pgcluster: open namespace %s: %w", h.ns, err)
 			return
 		}
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		_ = syscall.Close(fd)
+		err = unix.Setns(target, unix.CLONE_NEWNET)
+		_ = unix.Close(target)
 		if err != nil {
+			runtime.UnlockOSThread()
 			done <- fmt.Errorf("pgcluster: join namespace %s: %w", h.ns, err)
 			return
 		}
-		done <- fn()
+		err = fn()
+		if unix.Setns(home, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		} // else the thread stays locked and ends with this goroutine
+		done <- err
 	}
 	go run()
 	return <-done
@@ -250,27 +264,14 @@ func (h *nsHost) inNetns(fn func() error) error {
 // start starts cmd inside the host's namespace and returns a channel
 // closed once it has exited (after cmd.Wait).
 func (h *nsHost) start(cmd *exec.Cmd) (<-chan struct{}, error) {
-	started := make(chan error, 1)
-	exit := make(chan struct{})
-	go func() {
-		err := h.inNetns(func() error {
-			if err := cmd.Start(); err != nil {
-				started <- err
-				return nil
-			}
-			started <- nil
-			_ = cmd.Wait() // on this thread, which cmd's Pdeathsig watches
-			return nil
-		})
-		if err != nil {
-			started <- err
-			return
-		}
-		close(exit)
-	}()
-	if err := <-started; err != nil {
+	if err := h.inNetns(cmd.Start); err != nil {
 		return nil, err
 	}
+	exit := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exit)
+	}()
 	return exit, nil
 }
 

@@ -80,8 +80,13 @@ func WithPatroniParameter(name, value string) PatroniOption {
 }
 
 // apiClient calls Patroni's and etcd's HTTP APIs. It keeps no idle
-// connections, so no connection goroutine outlives a call.
-var apiClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 3 * time.Second}
+// connections, and gives up dialling a node that does not answer (cut off
+// by Isolate) after a second, so no goroutine of it outlives a call by
+// more than that.
+var apiClient = &http.Client{
+	Transport: &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{Timeout: time.Second}).DialContext},
+	Timeout:   3 * time.Second,
+}
 
 // PatroniNode is one PostgreSQL server and its Patroni.
 type PatroniNode struct {
@@ -339,7 +344,11 @@ func (p *Patroni) Members(ctx context.Context) ([]PatroniMember, error) {
 		var out struct {
 			Members []PatroniMember `json:"members"`
 		}
-		err := n.api(ctx, http.MethodGet, "/cluster", nil, &out)
+		// A node cut off by Isolate does not answer at all: give each
+		// node its own second rather than letting it use up ctx.
+		nctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := n.api(nctx, http.MethodGet, "/cluster", nil, &out)
+		cancel()
 		if err == nil {
 			return out.Members, nil
 		}
@@ -428,7 +437,7 @@ func (p *Patroni) waitFor(timeout time.Duration, what string, ok func([]PatroniM
 		if !p.anyRunning() {
 			return fmt.Errorf("pgcluster: waiting for %s: no Patroni is running\n%s", what, p.Logs(3000))
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		ms, err := p.Members(ctx)
 		cancel()
 		if err == nil {
