@@ -213,14 +213,16 @@ func waitReplayed(t *testing.T, primary *pgtest.Cluster, standbys ...*pgcluster.
 	}
 }
 
-// timelineOf is the WAL timeline a primary writes on.
+// sqlTimeline reads the WAL timeline a primary writes on.
+const sqlTimeline = `SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`
+
+// timelineOf is the WAL timeline primary c writes on.
 func timelineOf(t *testing.T, c *pgcluster.Cluster) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var tl int64
-	if err := haConn(t, c.URL("postgres")).QueryRow(ctx,
-		`SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`).Scan(&tl); err != nil {
+	if err := haConn(t, c.URL("postgres")).QueryRow(ctx, sqlTimeline).Scan(&tl); err != nil {
 		t.Fatalf("read the timeline: %v", err)
 	}
 	return tl
