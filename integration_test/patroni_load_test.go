@@ -277,33 +277,11 @@ func (l *haLoad) checkLinear() {
 	}
 }
 
-// linearOps turns one linearizability worker's events into porcupine
-// operations; an operation whose "ret" never came (the worker died) has an
-// unknown outcome and no return.
-func linearOps(client int, seen []event) []porcupine.Operation {
-	var ops []porcupine.Operation
-	calls := map[int]opRecord{}
-	for _, ev := range seen {
-		switch ev.Ev {
-		case "call":
-			calls[ev.Op.Seq] = *ev.Op
-		case "ret":
-			in := calls[ev.Op.Seq]
-			delete(calls, ev.Op.Seq)
-			ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: *ev.Op, Return: ev.Op.Ret})
-		}
-	}
-	for _, in := range calls {
-		ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Call: in.Call,
-			Output: opRecord{Out: "unknown"}, Return: math.MaxInt64})
-	}
-	return ops
-}
-
 // report is what a scenario measured around the fault at time fault.
 type report struct {
 	firstGrant  time.Duration // fault to the first grant called after it
 	grantOutage time.Duration // longest gap between grants after the fault began
+	resumed     time.Duration // fault to the grant that ended that gap
 	holdersKept int
 	locksLost   int // of the locks held at the fault, how many holders were told
 	locksHeld   int
@@ -312,8 +290,8 @@ type report struct {
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("first grant after the fault %v; longest grant outage %v; holders kept %d/%d; lock holders told of the loss %d/%d; acknowledged writes lost %d; %d grants",
-		r.firstGrant.Round(time.Millisecond), r.grantOutage.Round(time.Millisecond), r.holdersKept, haHolders, r.locksLost, r.locksHeld, r.ledgerLost, r.grants)
+	return fmt.Sprintf("first grant asked for after the fault returned after %v; longest grant outage %v, ended %v after the fault; holders kept %d/%d; lock holders told of the loss %d/%d; acknowledged writes lost %d; %d grants",
+		r.firstGrant.Round(time.Millisecond), r.grantOutage.Round(time.Millisecond), r.resumed.Round(time.Millisecond), r.holdersKept, haHolders, r.locksLost, r.locksHeld, r.ledgerLost, r.grants)
 }
 
 // waitGrantAfter waits until the load has been granted a lease it asked
@@ -390,7 +368,9 @@ func (l *haLoad) check(fault time.Time, noLoss bool) report {
 	sort.Slice(rets, func(i, j int) bool { return rets[i].Before(rets[j]) })
 	prev := fault
 	for _, r2 := range rets {
-		r.grantOutage = max(r.grantOutage, r2.Sub(prev))
+		if gap := r2.Sub(prev); gap > r.grantOutage {
+			r.grantOutage, r.resumed = gap, r2.Sub(fault)
+		}
 		prev = r2
 	}
 

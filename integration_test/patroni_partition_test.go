@@ -43,11 +43,8 @@ func TestPatroniPartition(t *testing.T) {
 		sync bool
 	}{{"async", false}, {"sync", true}} {
 		t.Run(c.name, func(t *testing.T) {
-			p := startPatroni(t, pgcluster.WithSynchronousMode(c.sync))
+			p, load, old := startScenario(t, c.sync)
 			ctx := ctxT(t, 3*time.Minute)
-			load := startLoad(t, p, holderTTL)
-			load.startLinear(p, 2)
-			old := mustLeader(t, p)
 			fw := startFarWriter(t, old)
 			pause(ctx, time.Second)
 

@@ -33,11 +33,8 @@ const holderTTL = 30 * time.Second
 // synchronous_mode on.
 func TestPatroniSwitchover(t *testing.T) {
 	t.Parallel()
-	p := startPatroni(t, pgcluster.WithSynchronousMode(true))
+	p, load, leader := startScenario(t, true)
 	ctx := ctxT(t, 3*time.Minute)
-	load := startLoad(t, p, holderTTL)
-	load.startLinear(p, 2)
-	leader := mustLeader(t, p)
 	candidate := replicaOf(t, p, leader)
 	pause(ctx, time.Second)
 	fault := time.Now()
@@ -71,11 +68,8 @@ func TestPatroniFailover(t *testing.T) {
 		{"KillNode/sync", true, func(t *testing.T, n *pgcluster.PatroniNode) { n.Kill() }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := startPatroni(t, pgcluster.WithSynchronousMode(c.sync))
+			p, load, leader := startScenario(t, c.sync)
 			ctx := ctxT(t, 3*time.Minute)
-			load := startLoad(t, p, holderTTL)
-			load.startLinear(p, 2)
-			leader := mustLeader(t, p)
 			pause(ctx, time.Second)
 			c.kill(t, leader)
 			fault := time.Now() // the kill is done: grants asked for from now on are the new primary's
@@ -90,6 +84,17 @@ func TestPatroniFailover(t *testing.T) {
 			t.Logf("%s: %v", c.name, r)
 		})
 	}
+}
+
+// startScenario starts a Patroni cluster (synchronous_mode as sync) under
+// load, with two linearizability workers, and returns it, the load and the
+// leader.
+func startScenario(t *testing.T, sync bool) (*pgcluster.Patroni, *haLoad, *pgcluster.PatroniNode) {
+	t.Helper()
+	p := startPatroni(t, pgcluster.WithSynchronousMode(sync))
+	load := startLoad(t, p, holderTTL)
+	load.startLinear(p, 2)
+	return p, load, mustLeader(t, p)
 }
 
 // mustLeader is the cluster's current leader.
