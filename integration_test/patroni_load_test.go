@@ -279,7 +279,7 @@ func (l *haLoad) checkLinear() {
 
 // report is what a scenario measured around the fault at time fault.
 type report struct {
-	firstGrant  time.Duration // fault to the first grant called after it
+	firstGrant  time.Duration // fault to the first grant asked for after the fault was in place
 	grantOutage time.Duration // longest gap between grants after the fault began
 	resumed     time.Duration // fault to the grant that ended that gap
 	holdersKept int
@@ -290,7 +290,7 @@ type report struct {
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("first grant asked for after the fault returned after %v; longest grant outage %v, ended %v after the fault; holders kept %d/%d; lock holders told of the loss %d/%d; acknowledged writes lost %d; %d grants",
+	return fmt.Sprintf("first grant asked for after the fault was in place returned %v after it began; longest grant outage %v, ended %v after the fault; holders kept %d/%d; lock holders told of the loss %d/%d; acknowledged writes lost %d; %d grants",
 		r.firstGrant.Round(time.Millisecond), r.grantOutage.Round(time.Millisecond), r.resumed.Round(time.Millisecond), r.holdersKept, haHolders, r.locksLost, r.locksHeld, r.ledgerLost, r.grants)
 }
 
@@ -314,9 +314,12 @@ func (l *haLoad) waitGrantAfter(at time.Time, timeout time.Duration) time.Time {
 }
 
 // check stops the load (linear workers first) and checks the invariants
-// around a fault at time fault; with noLoss, also that no acknowledged
-// ledger row was lost (synchronous replication). It returns the figures.
-func (l *haLoad) check(fault time.Time, noLoss bool) report {
+// around a fault injected from start to end (the kill, the isolation, the
+// switchover command): fences of grants asked for after end exceed those
+// of grants acknowledged before start; locks held at start were reported
+// lost; with noLoss, no ledger row acknowledged before start was lost
+// (synchronous replication). It returns the figures, timed from start.
+func (l *haLoad) check(start, end time.Time, noLoss bool) report {
 	t := l.t
 	t.Helper()
 	if len(l.linear) > 0 {
@@ -334,16 +337,16 @@ func (l *haLoad) check(fault time.Time, noLoss bool) report {
 	var maxBefore, minAfter int64 = 0, math.MaxInt64
 	var rets []time.Time
 	for _, g := range l.grants {
-		if g.ret.Before(fault) {
+		if g.ret.Before(start) {
 			maxBefore = max(maxBefore, g.fence)
 		}
-		if g.call.After(fault) {
+		if g.call.After(end) {
 			minAfter = min(minAfter, g.fence)
-			if r.firstGrant == 0 || g.ret.Sub(fault) < r.firstGrant {
-				r.firstGrant = g.ret.Sub(fault)
+			if r.firstGrant == 0 || g.ret.Sub(start) < r.firstGrant {
+				r.firstGrant = g.ret.Sub(start)
 			}
 		}
-		if g.ret.After(fault) {
+		if g.ret.After(start) {
 			rets = append(rets, g.ret)
 		}
 	}
@@ -366,17 +369,17 @@ func (l *haLoad) check(fault time.Time, noLoss bool) report {
 		}
 	}
 	sort.Slice(rets, func(i, j int) bool { return rets[i].Before(rets[j]) })
-	prev := fault
+	prev := start
 	for _, r2 := range rets {
 		if gap := r2.Sub(prev); gap > r.grantOutage {
-			r.grantOutage, r.resumed = gap, r2.Sub(fault)
+			r.grantOutage, r.resumed = gap, r2.Sub(start)
 		}
 		prev = r2
 	}
 
 	// Advisory locks held at the fault: each holder was told it lost it.
 	for _, lk := range l.locks {
-		if lk.granted.After(fault) || (!lk.lost.IsZero() && lk.lost.Before(fault)) {
+		if lk.granted.After(start) || (!lk.lost.IsZero() && lk.lost.Before(start)) {
 			continue
 		}
 		r.locksHeld++
@@ -410,7 +413,7 @@ func (l *haLoad) check(fault time.Time, noLoss bool) report {
 		t.Errorf("read the ledger: %v", err)
 	}
 	for _, e := range l.ledger {
-		if e.ret.Before(fault) && !slices.Contains(present, e.id) {
+		if e.ret.Before(start) && !slices.Contains(present, e.id) {
 			r.ledgerLost++
 		}
 	}

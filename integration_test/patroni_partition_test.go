@@ -48,6 +48,7 @@ func TestPatroniPartition(t *testing.T) {
 			fw := startFarWriter(t, old)
 			pause(ctx, time.Second)
 
+			start := time.Now()
 			if err := old.Isolate(); err != nil {
 				t.Fatal(err)
 			}
@@ -97,7 +98,7 @@ func TestPatroniPartition(t *testing.T) {
 				t.Errorf("the new side's fence %d does not exceed the far holder's %d", taken.Fence(), fr.token.Fence)
 			}
 			_ = taken.Release(ctx)
-			r := load.check(fault, c.sync)
+			r := load.check(start, fault, c.sync)
 			t.Logf("partition (%s): %v", c.name, r)
 			if err := old.Heal(); err != nil {
 				t.Error(err)

@@ -37,14 +37,15 @@ func TestPatroniSwitchover(t *testing.T) {
 	ctx := ctxT(t, 3*time.Minute)
 	candidate := replicaOf(t, p, leader)
 	pause(ctx, time.Second)
-	fault := time.Now()
+	start := time.Now()
 	if err := p.Switchover(ctxT(t, time.Minute), candidate); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("switchover %s -> %s took %v", leader.Name(), candidate.Name(), time.Since(fault).Round(time.Millisecond))
-	load.waitGrantAfter(fault, time.Minute)
+	end := time.Now() // the candidate leads
+	t.Logf("switchover %s -> %s took %v", leader.Name(), candidate.Name(), end.Sub(start).Round(time.Millisecond))
+	load.waitGrantAfter(end, time.Minute)
 	pause(ctx, 2*time.Second)
-	r := load.check(fault, true)
+	r := load.check(start, end, true)
 	t.Logf("switchover (synchronous_mode on): %v", r)
 }
 
@@ -71,16 +72,17 @@ func TestPatroniFailover(t *testing.T) {
 			p, load, leader := startScenario(t, c.sync)
 			ctx := ctxT(t, 3*time.Minute)
 			pause(ctx, time.Second)
+			start := time.Now()
 			c.kill(t, leader)
-			fault := time.Now() // the kill is done: grants asked for from now on are the new primary's
+			end := time.Now() // the kill is done: grants asked for from now on are the new primary's
 			next, err := p.WaitLeader(time.Minute, leader)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%s killed; %s leads %v after the kill", leader.Name(), next.Name(), time.Since(fault).Round(time.Millisecond))
-			load.waitGrantAfter(fault, time.Minute)
+			t.Logf("%s killed; %s leads %v after the kill", leader.Name(), next.Name(), time.Since(start).Round(time.Millisecond))
+			load.waitGrantAfter(end, time.Minute)
 			pause(ctx, 2*time.Second)
-			r := load.check(fault, c.sync)
+			r := load.check(start, end, c.sync)
 			t.Logf("%s: %v", c.name, r)
 		})
 	}
