@@ -28,6 +28,15 @@
 // streaming standby, kill the primary and promote the standby, and check
 // fence order, holders' loss reports and stale-write rejection across it
 // (and that the raw sequence alone would reissue an acknowledged fence).
+// TestDoublePromotion promotes two standbys of one primary in turn, the
+// second never having seen the first's timeline, and checks that fences do
+// not repeat. The Patroni scenarios (patroni_*_test.go, Linux and root
+// only) run etcd, three Patroni nodes in network namespaces and HAProxy
+// (internal/pgcluster.NewPatroni), put them under load, inject a
+// switchover, a kill of PostgreSQL or of a whole node, or a partition of the
+// primary, and check fences, loss reports, linearizability and, with
+// synchronous_mode, that no acknowledged write is lost; docs/patroni.md
+// gives what they measured.
 // Every test checks at cleanup that no advisory lock is left in its
 // database and that its pools have no connection acquired.
 //

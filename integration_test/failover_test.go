@@ -102,18 +102,7 @@ func startPair(t *testing.T, sync, proxied bool) *haPair {
 // the primary's current insert position.
 func (p *haPair) waitCaughtUp(t *testing.T) {
 	t.Helper()
-	ctx := ctxT(t, time.Minute)
-	admin := haConn(t, p.primary.URL("postgres"))
-	var lsn string
-	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
-		t.Fatalf("read the primary's WAL position: %v", err)
-	}
-	standby := haConn(t, p.standby.URL("postgres"))
-	mustWait(t, 30*time.Second, "the standby to replay "+lsn, func() (bool, error) {
-		var done bool
-		err := standby.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn).Scan(&done)
-		return done, err
-	})
+	waitReplayed(t, p.primary, p.standby)
 }
 
 // url is a multi-host connection string over both servers that connects

@@ -198,23 +198,14 @@ func checkLinearizable(t *testing.T, bypass bool) porcupine.CheckResult {
 			_ = w.exitErr()
 			w.finish(10 * time.Second)
 		}
-		calls := map[int]opRecord{}
-		for _, ev := range w.seen {
-			switch ev.Ev {
-			case "call":
-				calls[ev.Op.Seq] = *ev.Op
-			case "ret":
-				in := calls[ev.Op.Seq]
-				delete(calls, ev.Op.Seq)
-				history = append(history, porcupine.Operation{ClientId: i, Input: in, Call: in.Call, Output: *ev.Op, Return: ev.Op.Ret})
-				if i == holder && ev.Op.Kind == "write" && in.Call >= resumed && staleWrite == nil {
-					staleWrite = ev.Op // its first write after it resumed
-				}
+		ops := linearOps(i, w.seen)
+		history = append(history, ops...)
+		for _, op := range ops {
+			in, out := op.Input.(opRecord), op.Output.(opRecord)
+			if i == holder && in.Kind == "write" && in.Call >= resumed && op.Return != math.MaxInt64 &&
+				(staleWrite == nil || in.Call < staleWrite.Call) {
+				staleWrite = &out // its first write after it resumed
 			}
-		}
-		for _, in := range calls { // in flight when the worker died: outcome unknown
-			history = append(history, porcupine.Operation{ClientId: i, Input: in, Call: in.Call,
-				Output: opRecord{Out: "unknown"}, Return: math.MaxInt64})
 		}
 	}
 	counts := map[string]int{}
@@ -247,4 +238,27 @@ func describeCounts(counts map[string]int) string {
 		}
 	}
 	return strings.Join(append(parts, fmt.Sprintf("unknown %d", unknown)), ", ")
+}
+
+// linearOps turns one linearizability worker's events into porcupine
+// operations; an operation whose "ret" never came (the worker died) has an
+// unknown outcome and no return.
+func linearOps(client int, seen []event) []porcupine.Operation {
+	var ops []porcupine.Operation
+	calls := map[int]opRecord{}
+	for _, ev := range seen {
+		switch ev.Ev {
+		case "call":
+			calls[ev.Op.Seq] = *ev.Op
+		case "ret":
+			in := calls[ev.Op.Seq]
+			delete(calls, ev.Op.Seq)
+			ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Call: in.Call, Output: *ev.Op, Return: ev.Op.Ret})
+		}
+	}
+	for _, in := range calls {
+		ops = append(ops, porcupine.Operation{ClientId: client, Input: in, Call: in.Call,
+			Output: opRecord{Out: "unknown"}, Return: math.MaxInt64})
+	}
+	return ops
 }
