@@ -85,6 +85,7 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(g),
 		newFenceCmd(g),
 		newCheckCmd(g),
+		newReaperCmd(),
 	)
 	return root
 }
