@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -38,8 +39,15 @@ while :; do sleep 0.1; done`
 // treeSize is the number of processes of a tree that carry its token.
 const treeSize = 4
 
-// newTree makes a tree with a fresh token.
-func newTree() *tree {
+// newTree makes a tree with a fresh token. The tree and its checker need
+// setsid (util-linux) and pgrep (procps).
+func newTree(t *testing.T) *tree {
+	t.Helper()
+	for _, tool := range []string{"setsid", "pgrep", "sleep"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is needed for this test: %v", tool, err)
+		}
+	}
 	return &tree{tok: fmt.Sprintf("%d.%06d", 3000+rand.IntN(1000), rand.IntN(1_000_000))}
 }
 
@@ -51,16 +59,12 @@ func (tr *tree) command() []string { return []string{"sh", "-c", treeScript, tr.
 // from matching the checker's own command line; pgrep leaves itself out.)
 func (tr *tree) checker() []string {
 	pattern := `^(sh|sleep) (.* )?[` + tr.tok[:1] + `]` + regexp.QuoteMeta(tr.tok[1:]) + `( |$)`
-	return []string{"sh", "-c", `if pgrep -f "$0" >/dev/null; then echo overlap; else echo clean; fi`, pattern}
+	return []string{"sh", "-c", `pgrep -f "$0" >/dev/null; case $? in 0) echo overlap;; 1) echo clean;; *) echo "pgrep failed";; esac`, pattern}
 }
 
 // alive lists the live (not zombie) processes of the tree.
-func (tr *tree) alive(t *testing.T) []int {
-	t.Helper()
-	dirs, err := filepath.Glob("/proc/[0-9]*")
-	if err != nil {
-		t.Fatal(err)
-	}
+func (tr *tree) alive() []int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*") // the pattern is valid
 	var pids []int
 	for _, d := range dirs {
 		b, err := os.ReadFile(d + "/cmdline") // empty for a zombie
@@ -90,7 +94,7 @@ func (tr *tree) startA(t *testing.T, url string, runArgs ...string) *proc {
 	// Before A is waited for (cleanups run last first): what is left of
 	// the tree holds A's stdout open.
 	t.Cleanup(func() {
-		if pids := tr.alive(t); len(pids) > 0 {
+		if pids := tr.alive(); len(pids) > 0 {
 			t.Errorf("processes of A's command outlived the test: %v", pids)
 			for _, pid := range pids {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -100,7 +104,7 @@ func (tr *tree) startA(t *testing.T, url string, runArgs ...string) *proc {
 	if l := a.line(); l != "ready" {
 		t.Fatalf("A's command printed %q", l)
 	}
-	pgtest.WaitFor(t, cliTimeout, "the whole tree to run", func() bool { return len(tr.alive(t)) == treeSize })
+	pgtest.WaitFor(t, cliTimeout, "the whole tree to run", func() bool { return len(tr.alive()) == treeSize })
 	return a
 }
 
@@ -114,20 +118,47 @@ func (tr *tree) startB(t *testing.T, url string, runArgs ...string) *proc {
 // killedA is A's exit status when the reaper killed its command.
 const killedA = 128 + int(syscall.SIGKILL)
 
-// expectClean waits for B's verdict.
-func expectClean(t *testing.T, b *proc, since time.Time) {
+// watchDeath reports when the last process of the tree has died (polling:
+// nothing announces it). It is for the log: B's verdict is the test.
+func (tr *tree) watchDeath(t *testing.T) <-chan time.Time {
+	died, stop, done := make(chan time.Time, 1), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for len(tr.alive()) > 0 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		died <- time.Now()
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return died
+}
+
+// expectClean waits for B's verdict, and logs when A's tree died and B's
+// command ran, counted from the fault.
+func expectClean(t *testing.T, b *proc, fault time.Time, died <-chan time.Time) {
 	t.Helper()
 	if l := b.line(); l != "clean" {
 		t.Errorf("B's command found A's command still running: %q", l)
 	}
-	t.Logf("B's command ran %s after the fault", time.Since(since).Round(time.Millisecond))
+	ran := time.Since(fault)
+	select {
+	case d := <-died:
+		t.Logf("after the fault: A's command tree dead at %s, B's command ran at %s",
+			d.Sub(fault).Round(time.Millisecond), ran.Round(time.Millisecond))
+	default:
+		t.Logf("after the fault: B's command ran at %s", ran.Round(time.Millisecond))
+	}
 }
 
 // finish waits for A's tree to die and for both runs to exit: A with
 // wantA, B (if any) with 0.
 func finish(t *testing.T, tr *tree, a, b *proc, wantA int) {
 	t.Helper()
-	pgtest.WaitFor(t, 30*time.Second, "A's command tree to die", func() bool { return len(tr.alive(t)) == 0 })
+	pgtest.WaitFor(t, 30*time.Second, "A's command tree to die", func() bool { return len(tr.alive()) == 0 })
 	if b != nil {
 		if code := b.wait(); code != 0 {
 			t.Errorf("B: exit %d", code)
@@ -145,8 +176,9 @@ func TestRunPartitionedStopsBeforeExpiry(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	px, viaProxy := startSilentProxy(t, url)
-	tr := newTree()
+	tr := newTree(t)
 	a := tr.startA(t, viaProxy, "--lease", "partitioned", "--ttl", "3s", "--grace", "1s")
+	died := tr.watchDeath(t)
 	px.Silence()
 	cut := time.Now()
 	b := tr.startB(t, url, "--lease", "partitioned", "--ttl", "3s")
@@ -161,7 +193,7 @@ func TestRunPartitionedStopsBeforeExpiry(t *testing.T) {
 	if term > 2700*time.Millisecond-time.Second+2*time.Second {
 		t.Errorf("SIGTERM came %s after the cut, long after deadline − grace", term)
 	}
-	expectClean(t, b, cut)
+	expectClean(t, b, cut, died)
 	finish(t, tr, a, b, killedA)
 }
 
@@ -170,15 +202,16 @@ func TestRunPartitionedStopsBeforeExpiry(t *testing.T) {
 func TestRunFrozenStopsBeforeExpiry(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	tr := newTree()
+	tr := newTree(t)
 	a := tr.startA(t, url, "--lease", "frozen", "--ttl", "2s")
+	died := tr.watchDeath(t)
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
 	frozen := time.Now()
 	b := tr.startB(t, url, "--lease", "frozen", "--ttl", "2s")
-	expectClean(t, b, frozen)
+	expectClean(t, b, frozen, died)
 	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -193,20 +226,21 @@ func TestRunKilledTakesTheTreeAlong(t *testing.T) {
 	t.Run("lease", func(t *testing.T) {
 		t.Parallel()
 		url := pgtest.URL(t)
-		tr := newTree()
+		tr := newTree(t)
 		a := tr.startA(t, url, "--lease", "killed", "--ttl", "3s", "--grace", "500ms")
 		b := tr.startB(t, url, "--lease", "killed", "--ttl", "3s")
+		died := tr.watchDeath(t)
 		killed := time.Now()
 		if err := a.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
-		expectClean(t, b, killed)
+		expectClean(t, b, killed, died)
 		finish(t, tr, a, b, -1) // A itself died of SIGKILL
 	})
 	t.Run("lock", func(t *testing.T) {
 		t.Parallel()
 		url := pgtest.URL(t)
-		tr := newTree()
+		tr := newTree(t)
 		a := tr.startA(t, url, "--lock", "killed")
 		killed := time.Now()
 		if err := a.cmd.Process.Kill(); err != nil {

@@ -208,7 +208,7 @@ func TestRunGraceMustFitTheLease(t *testing.T) {
 func TestRunStopsLeftovers(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	tr := newTree()
+	tr := newTree(t)
 	r := db(t, url, "run", "--lease", "leftovers", "--ttl", "3s", "--", "sh", "-c", `sleep "$0" & setsid sleep "$0" & echo started`, tr.tok)
 	if r.code != 0 {
 		t.Errorf("exit %d, want the command's 0", r.code)
@@ -216,7 +216,7 @@ func TestRunStopsLeftovers(t *testing.T) {
 	if !strings.Contains(r.stderr, "the command exited and left 2 processes running") {
 		t.Errorf("stderr %q does not report the leftovers", r.stderr)
 	}
-	if pids := tr.alive(t); len(pids) > 0 {
+	if pids := tr.alive(); len(pids) > 0 {
 		_ = syscall.Kill(pids[0], syscall.SIGKILL)
 		t.Errorf("left-over processes still run after pgfence exited: %v", pids)
 	}
