@@ -104,7 +104,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	f.SetInterspersed(false) // everything from the command on is the command's
 	f.StringVar(&o.lease, "lease", "", "lease name to hold while the command runs")
 	f.StringVar(&o.lock, "lock", "", "advisory lock name to hold while the command runs")
-	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (at least %s); renewed every TTL/3", leases.MinTTL))
+	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (at least %s); renewed at least every TTL/3", leases.MinTTL))
 	f.DurationVar(&o.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL; with --lease at most TTL/2, and the default is cut to TTL/2 (see Timing)")
 	f.BoolVar(&o.noWait, "no-wait", false, "exit 75 at once if someone else holds the lease or lock")
 	return cmd
@@ -112,8 +112,7 @@ func newRunCmd(g *globals) *cobra.Command {
 
 // resolve fills the defaults that depend on other flags and validates.
 func (o *runOptions) resolve(cmd *cobra.Command) error {
-	graceSet := cmd.Flags().Changed("grace")
-	if o.lease != "" && !graceSet {
+	if o.lease != "" && !cmd.Flags().Changed("grace") {
 		o.grace = min(defaultGrace, maxGrace(o.ttl))
 	}
 	switch {
