@@ -1,30 +1,28 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"syscall"
-	"time"
 )
 
 // forwardedSignals are passed on to the child's process group.
 var forwardedSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2}
 
-// child is a command run under a lease or lock.
-//
-// It runs in its own process group, so that the signals pgfence forwards,
-// and the SIGTERM/SIGKILL it sends on loss, reach every process the command
-// started (a shell pipeline, say), and so that a terminal's Ctrl-C reaches
-// the command once, through pgfence, rather than twice. It is started with
-// a parent-death signal (SIGKILL): if pgfence itself dies, nothing renews the
-// lease, so the command must not run on.
+// child is a command run under a lease or lock, through the reaper
+// (reaper.go): pgfence starts the reaper, the reaper starts the command in
+// a process group of its own, so that the signals pgfence forwards, and the
+// SIGTERM/SIGKILL on loss, reach every process the command started (a
+// shell pipeline, say), and so that a terminal's Ctrl-C reaches the command
+// once, through pgfence, rather than twice.
 type child struct {
-	cmd    *exec.Cmd
-	exited chan error // receives cmd.Wait's result once
+	reaper *exec.Cmd
+	ctl    *os.File   // the write end of the reaper's control pipe
+	exited chan error // receives the reaper's Wait result once
 }
 
 // resolveCommand finds argv[0] before anything is acquired, so that a typo
@@ -41,88 +39,75 @@ func resolveCommand(name string) (string, error) {
 	return "", &exitError{code: exitCannotExec, err: fmt.Errorf("cannot execute %s: %w", name, err)}
 }
 
-// startChild starts path with args and the extra environment variables.
-//
-// The start and the wait happen on one goroutine locked to its OS thread:
-// Linux delivers the parent-death signal when the thread that forked the
-// child exits, and the Go runtime may retire unlocked threads.
-func startChild(path string, args, extraEnv []string, stdin io.Reader, stdout, stderr io.Writer) (*child, error) {
-	cmd := exec.Command(path, args[1:]...)
-	cmd.Args[0] = args[0]
-	cmd.Env = append(os.Environ(), extraEnv...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	c := &child{cmd: cmd, exited: make(chan error, 1)}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		c.exited <- cmd.Wait()
-	}()
-	if err := <-started; err != nil {
-		code := exitCannotExec
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = exitNotFound
-		}
-		return nil, &exitError{code: code, err: fmt.Errorf("start %s: %w", args[0], err)}
+// startChild starts the reaper, which starts the command cfg describes.
+// Exit statuses are the command's (the reaper passes them on); 126/127 when
+// it cannot be started.
+func startChild(cfg reaperConfig, stdin io.Reader, stdout, stderr io.Writer) (*child, error) {
+	conf, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("reaper configuration: %w", err)
 	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("reaper control pipe: %w", err)
+	}
+	// /proc/self/exe rather than os.Executable: the very binary running,
+	// even if the file has been replaced since (an upgrade mid-run).
+	cmd := exec.Command("/proc/self/exe", reaperName)
+	cmd.Args[0] = os.Args[0]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	cmd.ExtraFiles = []*os.File{r} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	_ = r.Close() // the reaper has its own copy, if it started
+	if err != nil {
+		_ = w.Close()
+		return nil, fmt.Errorf("start the reaper (%s %s): %w", cmd.Path, reaperName, err)
+	}
+	c := &child{reaper: cmd, ctl: w, exited: make(chan error, 1)}
+	go func() { c.exited <- cmd.Wait() }()
+	c.send(string(conf))
 	return c, nil
 }
 
-// signalGroup sends sig to the child's process group. A group that is
-// already gone is not an error.
-func (c *child) signalGroup(sig syscall.Signal) {
-	_ = syscall.Kill(-c.cmd.Process.Pid, sig)
+// send writes one control message. A reaper that has exited cannot read
+// it, and needs it no more: errors are ignored.
+func (c *child) send(line string) {
+	_, _ = io.WriteString(c.ctl, line+"\n")
 }
 
 // exitCode turns cmd.Wait's result into the exit status pgfence passes on:
-// the child's code, or 128+N when it died of signal N.
-func exitCode(waitErr error, ps *os.ProcessState) int {
+// the process's code, or 128+N when it died of signal N.
+func exitCode(_ error, ps *os.ProcessState) int {
 	if ps == nil {
 		return exitFailure
 	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok {
+		return exitStatus(ws)
 	}
 	return ps.ExitCode()
 }
 
-// supervise waits for the child to exit, forwarding signals from sigs to
-// its process group. When lost closes (the lease or lock is gone), it
-// reports why on stderr, sends SIGTERM to the group and SIGKILL grace later;
-// once the child has exited after a loss, whatever is left of its group is
-// killed too, since it runs without the lease. It returns the child's exit
-// status and whether the loss happened.
-func (c *child) supervise(sigs <-chan os.Signal, lost <-chan struct{}, what string, lossCause func() error, grace time.Duration, stderr io.Writer) (code int, wasLost bool) {
-	var kill <-chan time.Time
+// supervise waits for the reaper to exit, passing it signals from sigs,
+// the new local deadlines from deadlines, and the loss when lost closes (the
+// lease or lock is gone: reported on stderr with lossCause). It returns the
+// command's exit status, and closes the control pipe.
+func (c *child) supervise(sigs <-chan os.Signal, deadlines <-chan int64, lost <-chan struct{}, what string, lossCause func() error, stderr io.Writer) int {
+	defer c.ctl.Close()
 	for {
 		select {
 		case err := <-c.exited:
-			if wasLost {
-				c.signalGroup(syscall.SIGKILL)
-			}
-			return exitCode(err, c.cmd.ProcessState), wasLost
+			return exitCode(err, c.reaper.ProcessState)
 		case s := <-sigs:
 			if sig, ok := s.(syscall.Signal); ok {
-				c.signalGroup(sig)
+				c.send(fmt.Sprintf("%s %d", msgSignal, sig))
 			}
+		case d := <-deadlines:
+			c.send(fmt.Sprintf("%s %d", msgDeadline, d))
 		case <-lost:
 			lost = nil // fires once
-			wasLost = true
-			fmt.Fprintf(stderr, "pgfence: %s lost (%v): sending SIGTERM to the command, SIGKILL in %s\n", what, lossCause(), grace)
-			c.signalGroup(syscall.SIGTERM)
-			t := time.NewTimer(grace)
-			defer t.Stop()
-			kill = t.C
-		case <-kill:
-			kill = nil
-			fmt.Fprintf(stderr, "pgfence: the command outlived the %s grace period: sending SIGKILL\n", grace)
-			c.signalGroup(syscall.SIGKILL)
+			fmt.Fprintf(stderr, "pgfence: %s lost: %v\n", what, lossCause())
+			c.send(msgStop)
 		}
 	}
 }

@@ -85,6 +85,9 @@ func newRootCmd() *cobra.Command {
 		newBenchCmd(g),
 		newFenceCmd(g),
 		newCheckCmd(g),
+		newVersionCmd(),
+		newCompletionCmd(),
+		newReaperCmd(),
 	)
 	return root
 }

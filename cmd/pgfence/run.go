@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -18,7 +19,7 @@ import (
 )
 
 // defaultGrace is how long a command gets between SIGTERM and SIGKILL
-// after its lease or lock is lost.
+// after its lease or lock is lost; with a lease, at most maxGrace(TTL).
 const defaultGrace = 10 * time.Second
 
 // releaseTimeout bounds the release after the command exits; expiry (or
@@ -36,12 +37,33 @@ The command gets these environment variables:
             pass it to any system that should reject stale writers)
   --lock:   PGFENCE_LOCK (the name) and PGFENCE_LOCK_KEY (its bigint key)
 
-pgfence renews the lease every TTL/3 while the command runs. If the lease is
-lost (force-released, or not renewed in time) or the lock's session dies, it
-sends SIGTERM to the command's process group and SIGKILL after --grace. The
-command runs in its own process group: SIGINT, SIGTERM, SIGHUP, SIGUSR1 and
-SIGUSR2 sent to pgfence are forwarded to it (so it should not read from a
-terminal). If pgfence itself is killed, the command is killed too.
+Timing (--lease): the command stops before anyone else can be granted the
+lease. pgfence trusts the lease until its local deadline,
+  deadline = start of the last successful renewal + TTL - TTL/10,
+which comes before the database can expire the lease. The command gets
+SIGTERM at deadline - grace and SIGKILL at the deadline, unless a renewal
+moves the deadline first; pgfence renews every (TTL - TTL/10 - grace)/3, at
+most every TTL/3. So --grace must be at most TTL/2: a longer --grace is
+refused, and the default (10s) is cut to TTL/2 for a TTL under 20s. When
+the lease is lost earlier (force-released: renewal finds it gone) the
+command gets SIGTERM at once and SIGKILL grace later, at the deadline at
+the latest. With --lock the command gets SIGTERM when the lock's session
+dies, and SIGKILL grace later.
+
+This holds when pgfence is cut off from the database, frozen (SIGSTOP) or
+killed: pgfence starts the command through a small helper process of its
+own (the reaper: pgfence re-executes itself), which keeps the timer to the
+deadline and, if pgfence dies, sends SIGTERM and SIGKILL as above (with
+--lock, SIGKILL at once: the lock ends with pgfence's session). The
+reaper kills the command's whole tree: its process group and, as a child
+subreaper, every process below it that moved to a group or session of its
+own. When the command exits, processes it left running get SIGTERM and
+SIGKILL grace later before the lease or lock is released. Exactly-once
+effects still need fences: pass PGFENCE_FENCE on.
+
+The command runs in its own process group: SIGINT, SIGTERM, SIGHUP, SIGUSR1
+and SIGUSR2 sent to pgfence are forwarded to it (so it should not read from
+a terminal).
 
 Exit status: the command's (128+N if it died of signal N); 75 when held with
 --no-wait; 126/127 when the command cannot be executed or is not found; 1 or
@@ -72,7 +94,7 @@ func newRunCmd(g *globals) *cobra.Command {
 			return nil
 		}),
 		RunE: action(func(cmd *cobra.Command, args []string) error {
-			if err := o.validate(cmd); err != nil {
+			if err := o.resolve(cmd); err != nil {
 				return err
 			}
 			return runUnder(cmd, g, o, args)
@@ -82,13 +104,17 @@ func newRunCmd(g *globals) *cobra.Command {
 	f.SetInterspersed(false) // everything from the command on is the command's
 	f.StringVar(&o.lease, "lease", "", "lease name to hold while the command runs")
 	f.StringVar(&o.lock, "lock", "", "advisory lock name to hold while the command runs")
-	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (at least %s); renewed every TTL/3", leases.MinTTL))
-	f.DurationVar(&o.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL after the lease or lock is lost")
+	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (at least %s); renewed at least every TTL/3", leases.MinTTL))
+	f.DurationVar(&o.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL; with --lease at most TTL/2, and the default is cut to TTL/2 (see Timing)")
 	f.BoolVar(&o.noWait, "no-wait", false, "exit 75 at once if someone else holds the lease or lock")
 	return cmd
 }
 
-func (o runOptions) validate(cmd *cobra.Command) error {
+// resolve fills the defaults that depend on other flags and validates.
+func (o *runOptions) resolve(cmd *cobra.Command) error {
+	if o.lease != "" && !cmd.Flags().Changed("grace") {
+		o.grace = min(defaultGrace, maxGrace(o.ttl))
+	}
 	switch {
 	case o.lease == "" && o.lock == "":
 		return usageErrorf("run needs --lease NAME (with --ttl) or --lock NAME")
@@ -102,6 +128,10 @@ func (o runOptions) validate(cmd *cobra.Command) error {
 		return usageErrorf("--ttl must be at least %s, got %s", leases.MinTTL, o.ttl)
 	case o.grace < 0:
 		return usageErrorf("--grace must not be negative, got %s", o.grace)
+	case o.lease != "" && o.grace > maxGrace(o.ttl):
+		return usageErrorf("--grace %s does not fit --ttl %s: the command gets SIGTERM grace before the lease's local deadline, "+
+			"so that it has stopped before the lease can expire; --grace must be at most TTL/2 (%s) (see 'pgfence run --help', Timing)",
+			o.grace, o.ttl, maxGrace(o.ttl))
 	}
 	if o.lease != "" {
 		return validateLeaseName(o.lease)
@@ -114,7 +144,8 @@ func (o runOptions) validate(cmd *cobra.Command) error {
 
 // held is what run holds while the command runs: a lease or a lock.
 type held struct {
-	what    string // `lease "x" (fence 7)`, for messages
+	what    string        // `lease "x" (fence 7)`, for messages
+	lease   *leases.Lease // nil for a lock
 	env     []string
 	done    <-chan struct{}
 	cause   func() error
@@ -182,17 +213,43 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 		return interruptedOr(interruptSig, nil)
 	}
 
-	c, err := startChild(path, args, h.env, os.Stdin, os.Stdout, os.Stderr)
+	code, err := runChild(ctx, h, o, path, args, sigs, cmd.ErrOrStderr())
+	releaseHeld(h)
 	if err != nil {
-		releaseHeld(h)
 		return err
 	}
-	code, _ := c.supervise(sigs, h.done, h.what, h.cause, o.grace, cmd.ErrOrStderr())
-	releaseHeld(h)
 	if code == 0 {
 		return nil
 	}
 	return &exitError{code: code}
+}
+
+// runChild runs the command through the reaper while h is held, renewing
+// a lease and passing each new local deadline on (deadline.go), and returns
+// its exit status.
+func runChild(ctx context.Context, h *held, o runOptions, path string, args []string, sigs <-chan os.Signal, stderr io.Writer) (int, error) {
+	cfg := reaperConfig{Path: path, Args: args, Env: append(os.Environ(), h.env...), What: h.what, Grace: o.grace}
+	var deadlines chan int64 // nil for a lock: no deadline
+	var r *renewer
+	if h.lease != nil {
+		r = newRenewer(h.lease, o.grace)
+		d, err := r.first(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("%s: lost before the command started: %w", h.what, err)
+		}
+		cfg.Deadline, cfg.OrphanGrace, deadlines = d, o.grace, r.deadlines
+	}
+	c, err := startChild(cfg, os.Stdin, os.Stdout, os.Stderr)
+	if err != nil {
+		return 0, err
+	}
+	if r != nil {
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); r.run(rctx) }()
+		defer func() { stop(); <-done }()
+	}
+	return c.supervise(sigs, deadlines, h.done, h.what, h.cause, stderr), nil
 }
 
 func releaseHeld(h *held) {
@@ -229,7 +286,8 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 		return nil, fmt.Errorf("acquire lease %q: %w", o.lease, err)
 	}
 	return &held{
-		what: fmt.Sprintf("lease %q (fence %d)", l.Name(), l.Fence()),
+		what:  fmt.Sprintf("lease %q (fence %d)", l.Name(), l.Fence()),
+		lease: l,
 		env: []string{
 			"PGFENCE_LEASE=" + l.Name(),
 			"PGFENCE_FENCE=" + strconv.FormatInt(l.Fence(), 10),

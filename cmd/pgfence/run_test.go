@@ -137,7 +137,7 @@ func TestRunStopsCommandWhenLeaseLost(t *testing.T) {
 		grace  time.Duration
 		want   int
 	}{
-		{"obeys SIGTERM", `echo ready; exec sleep 60`, 30 * time.Second, 128 + 15},
+		{"obeys SIGTERM", `echo ready; exec sleep 60`, 1500 * time.Millisecond, 128 + 15},
 		{"ignores SIGTERM", `trap '' TERM; echo ready; while :; do sleep 0.05; done`, time.Second, 128 + 9},
 	}
 	for _, tc := range cases {
@@ -171,5 +171,53 @@ func TestRunStopsCommandWhenLeaseLost(t *testing.T) {
 				t.Errorf("the command stopped %s after the release", elapsed)
 			}
 		})
+	}
+}
+
+// A --grace that would outlast the lease's local deadline is refused; the
+// default is cut to TTL/2. (The URL points nowhere: a run that got past
+// validation exits 69.)
+func TestRunGraceMustFitTheLease(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want int
+	}{
+		{[]string{"--ttl", "5s", "--grace", "3s"}, exitUsage},
+		{[]string{"--ttl", "1m", "--grace", "31s"}, exitUsage},
+		{[]string{"--ttl", "5s", "--grace", "2500ms"}, exitUnavailable},
+		{[]string{"--ttl", "1s"}, exitUnavailable}, // the default 10s, cut to 500ms
+	}
+	for _, tc := range cases {
+		args := append(append([]string{"run", "--lease", "job"}, tc.args...), "--", "true")
+		r := cli(t, cliEnv("DATABASE_URL="+unreachableURL), args...)
+		if r.code != tc.want {
+			t.Errorf("%v: exit %d, want %d", tc.args, r.code, tc.want)
+		}
+		if tc.want == exitUsage && !strings.Contains(r.stderr, "--grace must be at most TTL/2") {
+			t.Errorf("%v: stderr %q does not state the rule", tc.args, r.stderr)
+		}
+	}
+	if r := cli(t, cliEnv(), "run", "--help"); !strings.Contains(r.stdout, "deadline = start of the last successful renewal + TTL - TTL/10") {
+		t.Errorf("run --help does not state the timing rule:\n%s", r.stdout)
+	}
+}
+
+// Processes the command leaves behind do not run on without the lease:
+// they get SIGTERM when the command exits, before the release.
+func TestRunStopsLeftovers(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	tr := newTree(t)
+	r := db(t, url, "run", "--lease", "leftovers", "--ttl", "3s", "--", "sh", "-c", `sleep "$0" & setsid sleep "$0" & echo started`, tr.tok)
+	if r.code != 0 {
+		t.Errorf("exit %d, want the command's 0", r.code)
+	}
+	if !strings.Contains(r.stderr, "the command exited and left 2 processes running") {
+		t.Errorf("stderr %q does not report the leftovers", r.stderr)
+	}
+	if pids := tr.alive(); len(pids) > 0 {
+		_ = syscall.Kill(pids[0], syscall.SIGKILL)
+		t.Errorf("left-over processes still run after pgfence exited: %v", pids)
 	}
 }
