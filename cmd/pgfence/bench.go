@@ -120,7 +120,10 @@ func runBench(ctx context.Context, g *globals, out io.Writer, d time.Duration, c
 		return fmt.Errorf("leases client: %w", err)
 	}
 	defer lc.Close()
-	locker := pglock.New(pool)
+	locker, err := pglock.New(pool)
+	if err != nil {
+		return err
+	}
 	run := make([]byte, 4)
 	if _, err := rand.Read(run); err != nil {
 		return fmt.Errorf("random run id: %w", err)
