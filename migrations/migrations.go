@@ -11,6 +11,8 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgfence/pgfence/internal/redact"
 )
 
 // FS holds the SQL migration files, named the way golang-migrate expects
@@ -88,13 +90,24 @@ func Version(ctx context.Context, databaseURL string) (version uint, dirty bool,
 // pgx/v5 driver, runs fn, and closes everything before returning. fn runs in
 // a goroutine so that ctx can interrupt it gracefully between migrations; the
 // goroutine is always waited for.
+//
+// Its errors never show the password, in whole or in part: pgx's parse
+// error is not passed on (it may echo a piece of a malformed string), and
+// every other error's text is redacted of what the password could be.
 func withMigrate(ctx context.Context, databaseURL string, fn func(*migrate.Migrate) error) error {
+	return redact.Error(runMigrate(ctx, databaseURL, fn), redact.Secrets(databaseURL))
+}
+
+// errParse replaces pgx's parse error, whose text may hold the password.
+var errParse = errors.New("parse database URL: invalid connection string (not shown: it may hold a password)")
+
+func runMigrate(ctx context.Context, databaseURL string, fn func(*migrate.Migrate) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("parse database URL: %w", err)
+		return errParse
 	}
 	db := stdlib.OpenDB(*cfg)
 	// The driver's Lock blocks on pg_advisory_lock without a context; ctx
