@@ -2,11 +2,8 @@ package migrations_test
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/internal/redact/redacttest"
@@ -19,14 +16,7 @@ import (
 // part of the password masked.
 func TestErrorsHideThePassword(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgx.ParseConfig(pgtest.EmptyURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	targets := map[string][]redacttest.Case{
-		"unreachable":    redacttest.Cases("127.0.0.1", "1", "nowhere"),
-		"refusing server": redacttest.Cases(cfg.Host, strconv.Itoa(int(cfg.Port)), cfg.Database),
-	}
+	targets := redacttest.Targets(t, pgtest.EmptyURL(t))
 	for target, cases := range targets {
 		for _, c := range cases {
 			t.Run(target+"/"+c.Name, func(t *testing.T) {

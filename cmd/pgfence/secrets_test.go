@@ -1,10 +1,7 @@
 package main
 
 import (
-	"strconv"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/internal/redact/redacttest"
@@ -15,14 +12,7 @@ import (
 // unreachable address or to a server that refuses the user.
 func TestOutputHidesThePassword(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgx.ParseConfig(pgtest.EmptyURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	targets := map[string][]redacttest.Case{
-		"unreachable":     redacttest.Cases("127.0.0.1", "1", "nowhere"),
-		"refusing server": redacttest.Cases(cfg.Host, strconv.Itoa(int(cfg.Port)), cfg.Database),
-	}
+	targets := redacttest.Targets(t, pgtest.EmptyURL(t))
 	for target, cases := range targets {
 		for _, c := range cases {
 			t.Run(target+"/"+c.Name, func(t *testing.T) {

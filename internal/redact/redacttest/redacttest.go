@@ -7,7 +7,11 @@ package redacttest
 
 import (
 	"net/url"
+	"strconv"
 	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A Case is a connection string and the passwords it holds (as written,
@@ -41,6 +45,21 @@ func Cases(host, port, db string) []Case {
 		{"kv unquoted space", kv + `password=Kd4 Yv8Qm`, []string{"Kd4 Yv8Qm"}},
 		{"kv broken quote", kv + `password='Mv3 Tz9Qk`, []string{"Mv3 Tz9Qk"}},
 		{"kv password first", `password='Bq5 Nx\'Wr' ` + kv, []string{`Bq5 Nx'Wr`}},
+	}
+}
+
+// Targets returns the table twice: for an address where nothing listens,
+// and for the server of serverURL (in its database), which refuses the
+// table's user.
+func Targets(t testing.TB, serverURL string) map[string][]Case {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(serverURL)
+	if err != nil {
+		t.Fatalf("redacttest: parse the server URL: %v", err)
+	}
+	return map[string][]Case{
+		"unreachable":     Cases("127.0.0.1", "1", "nowhere"),
+		"refusing server": Cases(cfg.Host, strconv.Itoa(int(cfg.Port)), cfg.Database),
 	}
 }
 
