@@ -23,7 +23,7 @@ func TestKilledBackend(t *testing.T) {
 		admin := newPool(t, u, "admin")
 		pool := newPool(t, u, "holder")
 		ctx := ctxT(t, time.Minute)
-		lk, err := pglock.New(pool).Lock(ctx, "victim")
+		lk, err := newLocker(t, pool).Lock(ctx, "victim")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +57,7 @@ func TestKilledBackend(t *testing.T) {
 			t.Errorf("Unlock after the loss = %v, want an error wrapping ErrLost", err)
 		}
 		// The name is free again for everyone.
-		lk2, err := pglock.New(admin).TryLock(ctx, "victim")
+		lk2, err := newLocker(t, admin).TryLock(ctx, "victim")
 		if err != nil {
 			t.Fatalf("TryLock after the loss: %v", err)
 		}

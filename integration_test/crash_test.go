@@ -32,8 +32,9 @@ func TestCrash(t *testing.T) {
 		}
 		res := make(chan result, 1)
 		ctx := ctxT(t, time.Minute)
+		locker := newLocker(t, pool)
 		go func() {
-			lk, err := pglock.New(pool).Lock(ctx, "crash")
+			lk, err := locker.Lock(ctx, "crash")
 			res <- result{lk, err, time.Now()}
 		}()
 		// Kill only once the waiter really waits in PostgreSQL.

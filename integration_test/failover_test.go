@@ -213,7 +213,7 @@ func TestFailoverSync(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("fenced write before the failover: %v", err)
 	}
-	locker := pglock.New(poolA, pglock.WithLivenessCheck(200*time.Millisecond, time.Second))
+	locker := newLocker(t, poolA, pglock.WithLivenessCheck(200*time.Millisecond, time.Second))
 	lk, err := locker.TryLock(ctx, "failover/lock")
 	if err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func TestFailoverSync(t *testing.T) {
 	}
 	// pglock refuses a standby: every acquiring call fails with ErrStandby
 	// and takes nothing, in both scopes.
-	standbyLocker := pglock.New(standbyPool)
+	standbyLocker := newLocker(t, standbyPool)
 	for op, try := range map[string]func() error{
 		"Lock":     func() error { _, err := standbyLocker.Lock(ctx, "failover/lock"); return err },
 		"TryLock":  func() error { _, err := standbyLocker.TryLock(ctx, "failover/lock"); return err },

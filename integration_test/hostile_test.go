@@ -45,7 +45,7 @@ func TestHostileInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	locker := pglock.New(pool)
+	locker := newLocker(t, pool)
 
 	unreachable := closedPortURL(t)
 	deadPool := newPool(t, unreachable, "dead")
@@ -56,7 +56,7 @@ func TestHostileInput(t *testing.T) {
 	t.Cleanup(func() { _ = deadClient.Close() })
 
 	ran := false // set by any callback that must never run
-	fn := func(context.Context) error { ran = true; return nil }
+	fn := func(context.Context, *pglock.Lock) error { ran = true; return nil }
 	leaseFn := func(context.Context, *leases.Lease) error { ran = true; return nil }
 	inTx := func(ctx context.Context, f func(tx pgx.Tx) error) error {
 		tx, err := pool.Begin(ctx)
@@ -81,15 +81,15 @@ func TestHostileInput(t *testing.T) {
 	for _, bn := range badNames {
 		n := bn.name
 		tag := " name " + bn.label
-		add("pglock.Lock"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error { _, err := locker.Lock(ctx, n); return err })
-		add("pglock.TryLock"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error { _, err := locker.TryLock(ctx, n); return err })
-		add("pglock.RLock"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error { _, err := locker.RLock(ctx, n); return err })
-		add("pglock.TryRLock"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error { _, err := locker.TryRLock(ctx, n); return err })
-		add("pglock.Do"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error { return locker.Do(ctx, n, fn) })
-		add("pglock.XactLock"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error {
+		add("pglock.Lock"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error { _, err := locker.Lock(ctx, n); return err })
+		add("pglock.TryLock"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error { _, err := locker.TryLock(ctx, n); return err })
+		add("pglock.RLock"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error { _, err := locker.RLock(ctx, n); return err })
+		add("pglock.TryRLock"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error { _, err := locker.TryRLock(ctx, n); return err })
+		add("pglock.Do"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error { return locker.Do(ctx, n, fn) })
+		add("pglock.XactLock"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error {
 			return inTx(ctx, func(tx pgx.Tx) error { return pglock.XactLock(ctx, tx, n) })
 		})
-		add("pglock.TryXactLock"+tag, pglock.ErrInvalidName, "", func(ctx context.Context) error {
+		add("pglock.TryXactLock"+tag, pglock.ErrInvalid, "", func(ctx context.Context) error {
 			return inTx(ctx, func(tx pgx.Tx) error { _, err := pglock.TryXactLock(ctx, tx, n); return err })
 		})
 		// leases exports no sentinel for bad input: the message must name
@@ -154,16 +154,16 @@ func TestHostileInput(t *testing.T) {
 	add("leases.New owner NUL", leases.ErrInvalid, "owner", func(context.Context) error { return newClientErr(pool, leases.WithOwner("a\x00b")) })
 	add("leases.New logger nil", leases.ErrInvalid, "logger", func(context.Context) error { return newClientErr(pool, leases.WithLogger(nil)) })
 	add("leases.New pool nil", leases.ErrInvalid, "pool", func(context.Context) error { return newClientErr(nil) })
-	add("pglock.New pool nil", pglock.ErrNilPool, "", func(ctx context.Context) error { _, err := pglock.New(nil).Lock(ctx, "ok"); return err })
-	add("pglock.New liveness 0", nil, "interval", func(ctx context.Context) error {
-		_, err := pglock.New(pool, pglock.WithLivenessCheck(0, time.Second)).Lock(ctx, "ok")
+	add("pglock.New pool nil", pglock.ErrInvalid, "pool", func(context.Context) error { _, err := pglock.New(nil); return err })
+	add("pglock.New liveness 0", pglock.ErrInvalid, "interval", func(context.Context) error {
+		_, err := pglock.New(pool, pglock.WithLivenessCheck(0, time.Second))
 		return err
 	})
-	add("pglock.New logger nil", nil, "logger", func(ctx context.Context) error {
-		_, err := pglock.New(pool, pglock.WithLogger(nil)).Lock(ctx, "ok")
+	add("pglock.New logger nil", pglock.ErrInvalid, "logger", func(context.Context) error {
+		_, err := pglock.New(pool, pglock.WithLogger(nil))
 		return err
 	})
-	add("pglock.Do nil fn", nil, "fn", func(ctx context.Context) error { return locker.Do(ctx, "ok", nil) })
+	add("pglock.Do nil fn", pglock.ErrInvalid, "fn", func(ctx context.Context) error { return locker.Do(ctx, "ok", nil) })
 	add("leases.Run nil fn", leases.ErrInvalid, "fn", func(ctx context.Context) error { return client.Run(ctx, "ok", time.Second, nil) })
 
 	// Cancelled contexts.
@@ -186,8 +186,9 @@ func TestHostileInput(t *testing.T) {
 		add("migrations.Down "+dsn.label, nil, "", func(ctx context.Context) error { return migrations.Down(ctx, dsn.dsn) })
 		add("migrations.Version "+dsn.label, nil, "", func(ctx context.Context) error { _, _, err := migrations.Version(ctx, dsn.dsn); return err })
 	}
-	add("pglock.Lock unreachable", nil, "", func(ctx context.Context) error { _, err := pglock.New(deadPool).Lock(ctx, "ok"); return err })
-	add("pglock.TryLock unreachable", nil, "", func(ctx context.Context) error { _, err := pglock.New(deadPool).TryLock(ctx, "ok"); return err })
+	deadLocker := newLocker(t, deadPool)
+	add("pglock.Lock unreachable", nil, "", func(ctx context.Context) error { _, err := deadLocker.Lock(ctx, "ok"); return err })
+	add("pglock.TryLock unreachable", nil, "", func(ctx context.Context) error { _, err := deadLocker.TryLock(ctx, "ok"); return err })
 	add("leases.Acquire unreachable", nil, "", func(ctx context.Context) error { _, err := deadClient.Acquire(ctx, "ok", time.Second); return err })
 	add("leases.TryAcquire unreachable", nil, "", func(ctx context.Context) error { _, err := deadClient.TryAcquire(ctx, "ok", time.Second); return err })
 	add("leases.Get unreachable", nil, "", func(ctx context.Context) error { _, err := deadClient.Get(ctx, "ok"); return err })

@@ -72,7 +72,7 @@ func TestPartition(t *testing.T) {
 		p := startProxy(t, hostPort(t, u))
 		holder := newPool(t, p.URL(t, u), "holder")
 		ctx := ctxT(t, time.Minute)
-		lk, err := pglock.New(holder, pglock.WithLivenessCheck(interval, timeout)).Lock(ctx, "partitioned")
+		lk, err := newLocker(t, holder, pglock.WithLivenessCheck(interval, timeout)).Lock(ctx, "partitioned")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -116,7 +116,7 @@ func startLoad(t *testing.T, p *pgcluster.Patroni, holderTTL time.Duration) *haL
 		go func() { defer l.wg.Done(); l.wait(lctx, waiters, i) }()
 	}
 	for i, pool := range []*pgxpool.Pool{l.mh, l.ha} {
-		locker := pglock.New(pool, pglock.WithLivenessCheck(200*time.Millisecond, time.Second))
+		locker := newLocker(t, pool, pglock.WithLivenessCheck(200*time.Millisecond, time.Second))
 		go func() { defer l.wg.Done(); l.lock(lctx, locker, fmt.Sprintf("ha/lock/%d", i)) }()
 	}
 	// Warm up: every lock held, and the churn granting.

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
-	"github.com/pgfence/pgfence/pglock"
 )
 
 // TestPause is Kleppmann's scenario: a holder process stops (SIGSTOP, as a
@@ -114,7 +113,7 @@ func testPauseAdvisoryLock(t *testing.T) {
 	w.kill(syscall.SIGSTOP)
 	stopped := time.Now()
 	ctx := ctxT(t, time.Minute)
-	lk, err := pglock.New(pool).Lock(ctx, "pause")
+	lk, err := newLocker(t, pool).Lock(ctx, "pause")
 	if err != nil {
 		t.Fatalf("successor's Lock: %v", err)
 	}

@@ -310,7 +310,7 @@ func TestPgBouncerTransactionSessionLockRefused(t *testing.T) {
 		}
 	}}
 	pool := newPool(t, bu, "pgb-session-lock", func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
-	locker := pglock.New(pool)
+	locker := newLocker(t, pool)
 
 	for _, op := range []struct {
 		name   string
@@ -367,7 +367,7 @@ func TestPgBouncerSessionPooling(t *testing.T) {
 	pool := newPool(t, bu, "pgb-session", func(c *pgxpool.Config) { c.MaxConns = 6 })
 	ctx := ctxT(t, time.Minute)
 
-	locker := pglock.New(pool)
+	locker := newLocker(t, pool)
 	lk, err := locker.Lock(ctx, "s")
 	if err != nil {
 		t.Fatalf("Lock through session pooling: %v", err)
@@ -395,7 +395,7 @@ func TestPgBouncerSessionPooling(t *testing.T) {
 		}
 	}
 	ran := false
-	if err := locker.Do(ctx, "s", func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+	if err := locker.Do(ctx, "s", func(context.Context, *pglock.Lock) error { ran = true; return nil }); err != nil || !ran {
 		t.Errorf("Do: ran %v, %v", ran, err)
 	}
 

@@ -37,7 +37,7 @@ func TestRestart(t *testing.T) {
 
 	for _, mode := range []string{"fast", "immediate"} {
 		t.Run(mode, func(t *testing.T) {
-			lk, err := pglock.New(holder).Lock(ctx, "restart-"+mode)
+			lk, err := newLocker(t, holder).Lock(ctx, "restart-"+mode)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -191,7 +191,11 @@ func roleLock(ctx context.Context, wk *workerSide) error {
 	if cfg.LivenessInterval > 0 {
 		opts = append(opts, pglock.WithLivenessCheck(cfg.LivenessInterval, cfg.LivenessTimeout))
 	}
-	lk, err := pglock.New(pool, opts...).Lock(ctx, cfg.Name)
+	locker, err := pglock.New(pool, opts...)
+	if err != nil {
+		return err
+	}
+	lk, err := locker.Lock(ctx, cfg.Name)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/redact"
 )
 
 // FS holds the SQL migration files, named the way golang-migrate expects
@@ -245,9 +247,16 @@ type bookkeeping struct {
 	lockID int64
 }
 
-// withConn connects, resolves the bookkeeping names, ensures the table
-// exists and runs fn; the connection is closed before it returns.
+// withConn connects, resolves the bookkeeping names and runs fn; the
+// connection is closed before it returns. Its errors never show the
+// password, in whole or in part: pgx's parse error is not passed on (it may
+// echo a piece of a malformed string), and every other error's text is
+// redacted of what the password could be.
 func withConn(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {
+	return redact.Error(connect(ctx, databaseURL, fn), redact.Secrets(databaseURL))
+}
+
+func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
 	}

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	pgtest.Main(m)
+	pgtest.MainWithURL(m, "DATABASE_URL") // for ExampleUp
 }
 
 func connect(t *testing.T, u string) *pgx.Conn {

@@ -20,7 +20,7 @@ import (
 // session monitor.
 func BenchmarkTryLockUnlock(b *testing.B) {
 	pool := newPool(b, pgtest.URL(b), 16)
-	l := New(pool)
+	l := newLocker(b, pool)
 	const perGoroutine = 1024
 	names := make([][]string, 8)
 	for g := range names {

@@ -14,22 +14,31 @@
 // fencing), or when a transaction-mode pooler sits between you and the
 // server. Prefer XactLock when the critical section is one transaction.
 //
-//	locker := pglock.New(pool)
-//	err := locker.Do(ctx, "billing/nightly-report", func(ctx context.Context) error {
-//		return runReport(ctx) // ctx is cancelled if the lock is lost
+//	locker, err := pglock.New(pool)
+//	if err != nil {
+//		return err // a nil pool or an invalid option: ErrInvalid
+//	}
+//	err = locker.Do(ctx, "billing/nightly-report", func(ctx context.Context, lk *pglock.Lock) error {
+//		return runReport(ctx) // ctx ends (cause ErrLost) if the lock is lost
 //	})
+//
+// Locker.Do mirrors leases.Client.Run, Lock.Context mirrors
+// leases.Lease.Context, WithUnlockTimeout mirrors the leases release
+// timeout, and *HeldError mirrors leases.HeldError.
 //
 // # Names and keys
 //
-// A lock is named by a string of 1 to 200 bytes of valid UTF-8 without NUL.
-// Key(name) maps it to the bigint that pg_advisory_lock takes: the first 8
-// bytes of SHA-256(name), big-endian. The SQL function pgfence.lock_key(name)
-// (migration 1) computes the same value, so operators can contend from psql:
+// A lock is named by a string of 1 to 200 bytes of valid UTF-8 without NUL
+// (the rules lease names follow). Key(name) maps it to the bigint that
+// pg_advisory_lock takes: the first 8 bytes of SHA-256(name), big-endian.
+// The SQL function pgfence.lock_key(name) (migration 1) computes the same
+// value, so operators can contend from psql:
 //
 //	SELECT pg_advisory_lock(pgfence.lock_key('billing/nightly-report'));
 //
 // In pg_locks such a lock appears with locktype 'advisory', classid = the
-// high 32 bits of the key, objid = the low 32 bits, objsubid = 1.
+// high 32 bits of the key, objid = the low 32 bits, objsubid = 1. A key
+// cannot be turned back into a name: List and Get report keys.
 //
 // # State model
 //
@@ -37,12 +46,12 @@
 // until exactly one of:
 //
 //   - Unlock: the lock is released and the connection returns to the pool;
-//     Done closes and Err returns ErrUnlocked;
-//   - loss: the session died or stopped answering; Done closes and Err
-//     returns ErrLost. Unlock then returns an error wrapping ErrLost.
+//     the Lock's Context ends with cause ErrUnlocked;
+//   - loss: the session died or stopped answering; the Context ends with
+//     cause ErrLost, and Unlock then returns an error wrapping ErrLost.
 //
-// Done closing is the signal to stop the critical section. Do ties this to a
-// context: fn's context is cancelled with cause ErrLost.
+// The Context ending (Done closing) is the signal to stop the critical
+// section. Do ties this to fn's context.
 //
 // # Invariants
 //
@@ -56,49 +65,76 @@
 // The connection-destroy rule: a connection goes back to the pool only when
 // its lock state is certain — after a TryLock that PostgreSQL refused, or an
 // unlock that PostgreSQL confirmed (pg_advisory_unlock returned true).
-// Whenever the state is in doubt — an acquire that failed or was cancelled
+// Whenever the state is in doubt — an acquire that failed or was abandoned
 // (PostgreSQL may grant the lock at the very moment the client gives up), an
 // unlock that failed or returned false, a failed liveness check — the
 // connection is taken out of the pool and closed. Closing the session
 // releases every session lock it held, so a lock is never left behind on a
 // pooled connection for the next borrower to hold unknowingly.
 //
-// A cancelled waiter's session is closed by the client at once; the server
-// notices when the wait ends (pgx also sends a cancel request), so for a
-// moment after Lock returns the server may still list that session in
-// pg_locks. It never belongs to the pool.
+// An abandoned wait never leaves a backend waiting. A backend waiting for a
+// lock does not read its socket, so closing the connection alone would
+// leave it queued behind the holder. When ctx ends during Lock or RLock,
+// the call returns only once the server has ended the wait: a deadline
+// travels with the statement as its lock_timeout (the server ends the wait
+// by itself); otherwise pglock sends a cancel request and waits for the
+// answer, and if the request is lost it cancels that backend from another
+// of the pool's connections (pg_cancel_backend, only while it waits for
+// this key). All of it is bounded by the unlock timeout; if nothing
+// answers by then, the connection is closed and the server ends the wait
+// when it next looks at the session.
 //
 // # Loss detection
 //
-// While a lock is held, a monitor watches its session without using any
-// round trips: it blocks reading the idle connection, on which PostgreSQL
-// sends nothing unless the session ends. pg_terminate_backend, a server
-// shutdown or crash, or a reset connection therefore close Done within
-// milliseconds of the socket learning of it (the monitor starts 50ms after
-// the grant, so a session killed earlier is noticed at that point; short
-// holds never pay for a monitor). After each liveness interval without
-// traffic the monitor sends one empty query with the liveness timeout, which
-// catches a network that has gone silent: Done closes within interval +
-// timeout (1s + 3s by default; see WithLivenessCheck).
+// While a lock is held, one goroutine per Lock watches its session without
+// using any round trips: it blocks reading the idle connection, on which
+// PostgreSQL sends nothing unless the session ends. pg_terminate_backend, a
+// server shutdown or crash, or a reset connection therefore end the Context
+// within milliseconds of the socket learning of it (the watch starts 50ms
+// after the grant, so a session killed earlier is noticed at that point;
+// short holds never touch the socket). After each liveness interval without
+// traffic it sends one empty query with the liveness timeout, which catches
+// a network that has gone silent: the Context ends within interval +
+// timeout (1s + 3s by default; see WithLivenessCheck). Unlock stops the
+// goroutine and waits for it.
 //
 // Loss means this process can no longer rely on the lock; it does not mean
 // another process already has it. After a terminated backend the server has
 // released it; behind a silent network the server may keep the session (and
-// the lock) until its own TCP timeouts fire. Either way, stop working on
-// Done, and make side effects idempotent or fenced: a lock is a mutual
-// exclusion hint with a prompt loss signal, not a guarantee about effects
-// outside the database.
+// the lock) until its own TCP timeouts fire. Either way, stop working when
+// the Context ends, and make side effects idempotent or fenced: a lock is a
+// mutual exclusion hint with a prompt loss signal, not a guarantee about
+// effects outside the database.
 //
 // # Failure handling
 //
-// Errors are wrapped with the operation and name and matched with errors.Is:
-// ErrLocked (TryLock, TryRLock: held by another session), ErrLost,
-// ErrUnlocked, ErrInvalidName, ErrNilPool, and the context's error when ctx
-// ends. Bad input (invalid name, nil pool, nil or already-ended context)
-// returns an error before any connection is taken. New never fails: a nil
-// pool or an invalid option makes every call of that Locker return the
-// error. Unlock is safe to repeat; only the first call does anything and
-// later calls return its result.
+// Errors are matched with errors.Is and errors.As:
+//
+//   - ErrInvalid: bad input (a name, a nil pool, context, callback,
+//     transaction, Locker or Lock, an invalid option), before anything is
+//     taken. The text names the argument: "pglock: invalid name: must be
+//     1..200 bytes, got 0". New fails with it; nothing panics on nil.
+//   - *HeldError, matching ErrLocked: TryLock and TryRLock found the lock
+//     held; it lists the holders' sessions (pid, application_name, client
+//     address, state and since when), read in the same round trip.
+//   - ErrLost, ErrUnlocked: the causes of a Lock's Context.
+//   - ErrStandby: the server is in recovery; no lock was taken.
+//   - ErrPooler: a transaction-mode pooler (see below).
+//   - the context's error when ctx ends.
+//
+// Every error's text starts with "pglock: " once, followed by the
+// operation and the name: pglock: unlock "billing": lock lost. Hints for
+// PostgreSQL errors come from their SQLSTATE. Unlock is safe to repeat;
+// only the first call does anything and later calls return its result.
+//
+// # Inspecting locks
+//
+// List and Get report the sessions holding or awaiting advisory locks in
+// the pool's database, from pg_locks and pg_stat_activity, as Info values:
+// key, mode, granted or waiting, pid, application_name, client address,
+// state, and the times PostgreSQL keeps (backend start, last state change,
+// wait start). PostgreSQL does not record when a lock was granted. The
+// pgfence command's `locks ls` and `check` print them.
 //
 // # Metrics
 //
@@ -124,9 +160,13 @@
 // name; it is off by default because each name is a separate time series.
 // XactLock and TryXactLock have no Locker and record nothing.
 //
-// Logs (WithLogger; discarded by default): "pglock: lock acquired" and
-// "pglock: lock released" at Debug, "pglock: lock lost" at Warn, with the
-// attributes name, key, pid, mode, cause, waited or held.
+// # Logs
+//
+// WithLogger (discarded by default): "pglock: lock acquired" and "pglock:
+// lock released" at Debug, "pglock: lock lost" at Warn, with the attributes
+// name, key, pid, mode, cause, waited or held; "pglock: connection
+// destroyed" at Debug (name, pid, why); "pglock: unlock failed" at Warn
+// when the Unlock that Do runs fails.
 //
 // # PgBouncer and other transaction-mode poolers
 //
@@ -149,5 +189,7 @@
 //
 // A hot standby grants advisory locks, but they exclude nobody on the
 // primary. Every acquiring statement carries WHERE NOT pg_is_in_recovery(),
-// so on a standby no lock is taken and the call returns ErrStandby.
+// so on a standby no lock is taken and the call returns ErrStandby: connect
+// to the primary, for example with a multi-host connection string and
+// target_session_attrs=read-write.
 package pglock

@@ -1,61 +1,138 @@
 package pglock
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/names"
 )
 
 var (
-	// ErrLocked is returned by TryLock and TryRLock when another session
-	// holds the lock in a conflicting mode. No lock is taken and no
-	// connection is kept.
+	// ErrInvalid matches every bad-input error: an invalid name, a nil
+	// pool, context, callback, transaction or Lock, an invalid option.
+	// Nothing was taken and retrying cannot help. The error's text names
+	// the argument and why: "pglock: invalid name: must be 1..200 bytes,
+	// got 0".
+	ErrInvalid = errors.New("pglock: invalid input")
+
+	// ErrLocked matches the error TryLock and TryRLock return when another
+	// session holds the lock in a conflicting mode. That error is a
+	// *HeldError naming the holders. No lock is taken and no connection
+	// kept.
 	ErrLocked = errors.New("pglock: lock held by another session")
 
+	// ErrLost is the cause of a Lock's Context once its session died or
+	// could no longer be reached (terminated backend, server gone, failed
+	// liveness check), or when Unlock found the session no longer held
+	// the lock. Unlock and Do return errors wrapping it.
+	ErrLost = errors.New("pglock: lock lost")
+
+	// ErrUnlocked is the cause of a Lock's Context after Unlock ended the
+	// hold.
+	ErrUnlocked = errors.New("pglock: lock unlocked")
+
 	// ErrStandby means the connection reached a standby (a server in
-	// recovery). PostgreSQL grants advisory locks there, but they exclude
-	// nobody on the primary, so pglock takes none. Connect to the primary,
-	// for example with a multi-host connection string and
-	// target_session_attrs=read-write.
-	ErrStandby = errors.New("pglock: the server is a standby (in recovery): an advisory lock there excludes nobody on the primary; connect to the primary (target_session_attrs=read-write)")
-
-	// ErrLost means the session that held the lock died or could no longer
-	// be reached: the backend was terminated, the server went away, or a
-	// liveness check failed. Lock.Err returns it after Done closes for that
-	// reason, Unlock and Do return errors wrapping it.
-	ErrLost = errors.New("pglock: lock lost: the session holding it died")
-
-	// ErrUnlocked is what Lock.Err returns after Unlock ended the hold.
-	ErrUnlocked = errors.New("pglock: lock was unlocked")
-
-	// ErrNilPool is returned by every method of a Locker built over a nil
-	// pool.
-	ErrNilPool = errors.New("pglock: pool is nil")
-
-	// ErrInvalidName is returned (wrapped, with the reason) for a lock name
-	// that is empty, longer than MaxNameLen bytes, not valid UTF-8, or
-	// contains a NUL byte. Nothing is locked.
-	ErrInvalidName = errors.New("pglock: invalid lock name")
+	// recovery): advisory locks there exclude nobody on the primary, so
+	// pglock takes none.
+	ErrStandby = errors.New("pglock: server is a standby (in recovery)")
 )
 
-// MaxNameLen is the longest lock name in bytes, the same limit as lease
-// names in pgfence.leases.
-const MaxNameLen = 200
+// opError is an error of op on the lock name. Its text starts with
+// "pglock: " exactly once, whatever it wraps: pglock: unlock "x": lock lost.
+type opError struct {
+	op, name string
+	err      error
+}
 
-// validateName reports why name cannot be a lock name, or nil. Names must
-// be representable as PostgreSQL text so that pgfence.lock_key(name)
-// computes the same key as Key(name).
-func validateName(name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: name is empty", ErrInvalidName)
-	case len(name) > MaxNameLen:
-		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidName, len(name), MaxNameLen)
-	case strings.IndexByte(name, 0) >= 0:
-		return fmt.Errorf("%w: name contains a NUL byte", ErrInvalidName)
-	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: name is not valid UTF-8", ErrInvalidName)
+func (e *opError) Error() string {
+	return fmt.Sprintf("pglock: %s %q: %s", e.op, e.name, strings.TrimPrefix(e.err.Error(), "pglock: "))
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+func opErr(op, name string, err error) error { return &opError{op: op, name: name, err: err} }
+
+// MaxNameLen is the longest lock name in bytes, the same limit as lease
+// names.
+const MaxNameLen = names.MaxLen
+
+// invalidError is bad input. It matches ErrInvalid; its text names the
+// argument and why.
+type invalidError struct{ arg, why string }
+
+func (e *invalidError) Error() string        { return "pglock: invalid " + e.arg + ": " + e.why }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(arg, why string) error { return &invalidError{arg: arg, why: why} }
+
+// checkName validates a lock name by the rules lease names follow.
+func checkName(name string) error {
+	if err := names.Check(name, MaxNameLen); err != nil {
+		return invalid("name", err.Error())
 	}
 	return nil
+}
+
+// checkCall validates the arguments every lock-taking call shares.
+func checkCall(ctx context.Context, name string) error {
+	if ctx == nil {
+		return invalid("context", "is nil")
+	}
+	return checkName(name)
+}
+
+// HeldError is the error TryLock and TryRLock return when another session
+// holds the lock. It matches ErrLocked with errors.Is.
+type HeldError struct {
+	// Name is the lock's name; Key is Key(Name).
+	Name string
+	Key  int64
+	// Holders are the sessions that held the key in a conflicting mode,
+	// read in the same statement that failed to take it (one, or several
+	// shared holders). It is empty if they let go in the meantime, or if
+	// the holder is in another database (advisory locks are per
+	// database, so it cannot be).
+	Holders []Info
+}
+
+// Error names the lock and its holders: pid, application, client address
+// and when their sessions last changed state.
+func (e *HeldError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pglock: lock %q held by ", e.Name)
+	if len(e.Holders) == 0 {
+		b.WriteString("another session")
+		return b.String()
+	}
+	for i, h := range e.Holders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if i == 3 {
+			fmt.Fprintf(&b, "and %d more", len(e.Holders)-i)
+			break
+		}
+		b.WriteString(h.session())
+	}
+	return b.String()
+}
+
+// Is reports whether target is ErrLocked.
+func (e *HeldError) Is(target error) bool { return target == ErrLocked }
+
+// session describes who holds or awaits a lock, for messages:
+// pid 4242 (application "billing", client 10.0.0.7, idle since 12:00:01Z).
+func (i Info) session() string {
+	client := i.ClientAddr
+	if client == "" {
+		client = "local"
+	}
+	s := fmt.Sprintf("pid %d (application %q, client %s", i.PID, i.ApplicationName, client)
+	if !i.StateChange.IsZero() && i.State != "" {
+		s += fmt.Sprintf(", %s since %s", i.State, i.StateChange.UTC().Format(time.RFC3339))
+	}
+	return s + ")"
 }

@@ -4,74 +4,99 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
+	"log"
+	"os"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/pglock"
 )
 
+// Do runs a critical section under a lock: one process at a time, in this
+// process and across every process using the same database.
 func ExampleLocker_Do() {
-	// In a service this is your DATABASE_URL; here, a throwaway database.
-	databaseURL, drop := pgtest.ExampleURL()
-	defer drop()
-
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL)
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	defer pool.Close()
-	locker := pglock.New(pool)
+	locker, err := pglock.New(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
 
-	err = locker.Do(ctx, "billing/nightly-report", func(ctx context.Context) error {
+	err = locker.Do(ctx, "billing/nightly-report", func(ctx context.Context, lk *pglock.Lock) error {
 		// Only one process runs this at a time. ctx is cancelled, with
-		// cause pglock.ErrLost, if the lock's session dies.
-		_, err := locker.TryLock(ctx, "billing/nightly-report")
-		fmt.Println("held elsewhere:", errors.Is(err, pglock.ErrLocked))
+		// cause pglock.ErrLost, if the lock's session dies: stop then.
+		fmt.Printf("holding %s\n", lk.Name())
 		return nil
 	})
-	fmt.Println("done:", err)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("done")
 	// Output:
-	// held elsewhere: true
-	// done: <nil>
+	// holding billing/nightly-report
+	// done
 }
 
+// TryLock takes a lock only if nobody holds it; the error then names the
+// holder.
 func ExampleLocker_TryLock() {
-	databaseURL, drop := pgtest.ExampleURL()
-	defer drop()
-
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL)
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	defer pool.Close()
-	locker := pglock.New(pool, pglock.WithLivenessCheck(time.Second, 3*time.Second))
+	locker, err := pglock.New(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	lk, err := locker.TryLock(ctx, "migrations")
-	if errors.Is(err, pglock.ErrLocked) {
-		fmt.Println("another replica is migrating")
-		return
-	}
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	defer lk.Unlock(context.WithoutCancel(ctx))
 
-	// Work while watching for loss.
-	select {
-	case <-lk.Done():
-		fmt.Println("lost:", lk.Err())
-	default:
-		fmt.Printf("holding %s (key %d)\n", lk.Name(), lk.Key())
+	// Another replica (here: the same process, on another session) tries.
+	_, err = locker.TryLock(ctx, "migrations")
+	var held *pglock.HeldError
+	if errors.As(err, &held) {
+		fmt.Println("another replica is migrating:", errors.Is(err, pglock.ErrLocked))
+		for _, h := range held.Holders {
+			fmt.Println("holder is idle:", h.State == "idle", "key matches:", h.Key == pglock.Key("migrations"))
+		}
 	}
 	// Output:
-	// holding migrations (key -3058229681751119483)
+	// another replica is migrating: true
+	// holder is idle: true key matches: true
+}
+
+// XactLock serialises transactions on a name; the lock ends with the
+// transaction.
+func ExampleXactLock() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := pglock.XactLock(ctx, tx, "invoice/42"); err != nil {
+			return err
+		}
+		// One transaction at a time gets here for invoice 42.
+		_, err := tx.Exec(ctx, "SELECT 1")
+		return err
+	})
+	fmt.Println("committed:", err == nil)
+	// Output:
+	// committed: true
 }
 
 func ExampleKey() {

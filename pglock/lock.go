@@ -2,9 +2,9 @@ package pglock
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,7 +12,9 @@ import (
 
 // A Lock is a held session-scoped advisory lock. It pins one pooled
 // connection until Unlock, or until the lock is lost. Its methods are safe
-// for concurrent use.
+// for concurrent use, and safe to call on a nil *Lock (which holds
+// nothing: Done is closed, Err and Unlock return an error matching
+// ErrInvalid).
 type Lock struct {
 	l      *Locker
 	name   string
@@ -20,110 +22,134 @@ type Lock struct {
 	shared bool
 	pid    uint32    // backend of the pinned session, for logs
 	since  time.Time // when the grant was seen, for the hold duration
+	nc     net.Conn  // the pinned connection's socket, for deadlines
 
 	// ctx is cancelled, with cause ErrUnlocked or ErrLost, when the hold
-	// ends; Done and Err read it.
+	// ends.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// The monitor starts monitorStartDelay after the grant, in the timer's
-	// goroutine, and closes monitorDone when it returns.
-	timer       *time.Timer
-	monitorDone chan struct{}
+	// The monitor goroutine (monitor.go) owns conn from the grant until it
+	// closes done; after that, conn is Unlock's. The monitor returns when
+	// stop closes (Unlock) or when it finds the session gone (it then
+	// destroys conn and sets it to nil).
+	conn     *pgxpool.Conn
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+	watching atomic.Bool // the monitor is (about to be) blocked reading the socket
 
-	mu       sync.Mutex
-	conn     *pgxpool.Conn // nil once handed back or destroyed
-	stopping bool          // Unlock wants the connection back
-	watching bool          // the monitor is blocked reading the socket
-	lostErr  error         // why the lock was lost, nil if it was not
-
-	unlockMu   sync.Mutex
-	unlockDone bool
+	unlockOnce sync.Once
 	unlockErr  error
 }
 
 // monitorStartDelay is how long after the grant the session monitor
-// starts. Short holds (most of them) never pay for a monitor; a session
-// killed during the delay is noticed when it ends.
+// starts watching. Short holds (most of them) never touch the socket; a
+// session killed during the delay is noticed when it ends.
 const monitorStartDelay = 50 * time.Millisecond
 
 func newLock(l *Locker, conn *pgxpool.Conn, name string, key int64, shared bool, since time.Time) *Lock {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lk := &Lock{
-		l:           l,
-		name:        name,
-		key:         key,
-		shared:      shared,
-		since:       since,
-		pid:         conn.Conn().PgConn().PID(),
-		ctx:         ctx,
-		cancel:      cancel,
-		monitorDone: make(chan struct{}),
-		conn:        conn,
+		l:      l,
+		name:   name,
+		key:    key,
+		shared: shared,
+		since:  since,
+		pid:    conn.Conn().PgConn().PID(),
+		nc:     conn.Conn().PgConn().Conn(),
+		ctx:    ctx,
+		cancel: cancel,
+		conn:   conn,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
-	lk.timer = time.AfterFunc(min(monitorStartDelay, l.cfg.interval), lk.monitor)
+	go lk.monitor(min(l.hooks.monitorDelay, l.cfg.interval))
 	return lk
 }
 
+// nilLock is what a nil *Lock answers: a context ended with an invalid
+// input error.
+var nilLock = func() context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(invalid("lock", "is nil"))
+	return ctx
+}()
+
 // Name returns the lock's name.
-func (lk *Lock) Name() string { return lk.name }
+func (lk *Lock) Name() string {
+	if lk == nil {
+		return ""
+	}
+	return lk.name
+}
 
 // Key returns the lock's key, Key(Name()): the bigint PostgreSQL sees in
 // pg_locks (classid = high 32 bits, objid = low 32 bits, objsubid = 1).
-func (lk *Lock) Key() int64 { return lk.key }
+func (lk *Lock) Key() int64 {
+	if lk == nil {
+		return 0
+	}
+	return lk.key
+}
 
 // Shared reports whether the lock is held in shared mode (RLock, TryRLock).
-func (lk *Lock) Shared() bool { return lk.shared }
+func (lk *Lock) Shared() bool { return lk != nil && lk.shared }
 
-// Done returns a channel that is closed once the lock is no longer held:
-// after Unlock, or when the lock is lost (see Err). A lost lock's Done
-// closes within about a second of its backend being terminated, and within
-// the liveness interval+timeout of the network going silent.
-func (lk *Lock) Done() <-chan struct{} { return lk.ctx.Done() }
+// Context returns a context that is cancelled, with a cause, the moment
+// the lock is no longer held: ErrUnlocked after Unlock, ErrLost when the
+// session died or stopped answering (within about a second of a
+// terminated backend, within the liveness interval+timeout of a silent
+// network). Do the lock's work under this context. It is not derived from
+// the context passed to Lock.
+func (lk *Lock) Context() context.Context {
+	if lk == nil {
+		return nilLock
+	}
+	return lk.ctx
+}
 
-// Err returns nil while the lock is held, then ErrUnlocked or ErrLost.
-func (lk *Lock) Err() error { return context.Cause(lk.ctx) }
+// Done is closed when the lock is no longer held (Context().Done()).
+func (lk *Lock) Done() <-chan struct{} { return lk.Context().Done() }
+
+// Err returns nil while the lock is held, then ErrUnlocked or ErrLost
+// (the cause of Context).
+func (lk *Lock) Err() error { return context.Cause(lk.Context()) }
 
 // Unlock releases the lock and returns its connection to the pool.
 //
 // ctx bounds the unlock round trip (and nothing else: if a liveness check
-// is in flight, Unlock first waits for it, at most the liveness timeout).
-// If the round trip fails, or PostgreSQL answers that the session did not
-// hold the lock, the connection is destroyed instead of returned, which
-// releases any lock the session held, and Unlock returns an error. In every
-// case, when Unlock returns the lock is no longer held by this process, Done
-// is closed, and Err returns ErrUnlocked (or ErrLost if the lock had been
-// lost before).
+// is in flight, Unlock first waits for it, at most the liveness timeout);
+// a nil ctx means the unlock timeout (WithUnlockTimeout). If the round
+// trip fails, or PostgreSQL answers that the session did not hold the
+// lock, the connection is destroyed instead of returned, which releases
+// any lock the session held, and Unlock returns an error. In every case,
+// when Unlock returns the lock is no longer held by this process and its
+// Context has ended.
 //
 // Unlock after the lock was lost returns an error wrapping ErrLost. Unlock
 // is safe to call more than once and concurrently: only the first call does
-// any work, and every call returns the first call's result (nil after a
-// clean unlock).
+// any work, and every call returns the first call's result.
 func (lk *Lock) Unlock(ctx context.Context) error {
-	lk.unlockMu.Lock()
-	defer lk.unlockMu.Unlock()
-	if !lk.unlockDone {
-		lk.unlockErr = lk.unlock(ctx)
-		lk.unlockDone = true
+	if lk == nil {
+		return invalid("lock", "is nil")
 	}
+	lk.unlockOnce.Do(func() { lk.unlockErr = lk.unlock(ctx) })
 	return lk.unlockErr
 }
 
 func (lk *Lock) unlock(ctx context.Context) error {
 	lk.stopMonitor()
-
-	lk.mu.Lock()
-	conn, lost := lk.conn, lk.lostErr
+	conn := lk.conn
 	lk.conn = nil
-	lk.mu.Unlock()
 	if conn == nil {
-		return fmt.Errorf("pglock: unlock %q: %w: %v", lk.name, ErrLost, lost)
+		return opErr("unlock", lk.name, context.Cause(lk.ctx)) // lost; the monitor said so
 	}
-	// Clear any deadline the monitor left on the socket.
-	_ = conn.Conn().PgConn().Conn().SetDeadline(time.Time{})
-
+	_ = lk.nc.SetDeadline(time.Time{}) // clear what the monitor left
 	if ctx == nil {
-		ctx = context.Background()
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), lk.l.cfg.unlockTimeout)
+		defer cancel()
 	}
 	sql := sqlUnlock
 	if lk.shared {
@@ -133,42 +159,20 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	err := conn.QueryRow(ctx, sql, lk.key).Scan(&released)
 	switch {
 	case err != nil:
-		destroy(conn, lk.l.cfg.log, "unlock failed", lk.name)
-		lk.released(false)
+		lk.l.destroy(conn, lk.name, "unlock failed")
+		lk.l.tel.unlocked(lk)
 		lk.cancel(ErrUnlocked)
-		return fmt.Errorf("pglock: unlock %q: %w (its connection was closed, which releases the lock)", lk.name, err)
+		return opErr("unlock", lk.name, err) // the connection was closed, which released the lock
 	case !released:
 		// The session did not hold the lock: something outside pglock
 		// released it. Nobody can trust what this session holds.
-		destroy(conn, lk.l.cfg.log, "unlock returned false", lk.name)
-		lk.released(true)
-		lk.cancel(ErrUnlocked)
-		return fmt.Errorf("pglock: unlock %q: %w: PostgreSQL reports the session did not hold it", lk.name, ErrLost)
+		lk.l.destroy(conn, lk.name, "unlock returned false")
+		lk.l.tel.lost(lk, lostNotHeld, nil)
+		lk.cancel(ErrLost)
+		return opErr("unlock", lk.name, ErrLost)
 	}
 	conn.Release()
-	lk.released(false)
+	lk.l.tel.unlocked(lk)
 	lk.cancel(ErrUnlocked)
 	return nil
-}
-
-// released records the end of the hold by Unlock, before Done closes.
-// notHeld says PostgreSQL
-// answered that the session did not hold the lock: it had been lost
-// unnoticed, which counts as a loss.
-func (lk *Lock) released(notHeld bool) {
-	now := time.Now()
-	m := lk.l.m
-	m.recordHold(lk.name, lk.shared, notHeld, lk.since, now)
-	log := lk.l.cfg.log
-	if notHeld {
-		m.recordLost(lk.name, lk.shared, lostNotHeld)
-		log.Warn("pglock: lock lost",
-			slog.String("name", lk.name), slog.Int64("key", lk.key), slog.Uint64("pid", uint64(lk.pid)),
-			slog.String("cause", lostCauseNames[lostNotHeld]), slog.Duration("held", now.Sub(lk.since)))
-		return
-	}
-	if log.Enabled(context.Background(), slog.LevelDebug) {
-		log.Debug("pglock: lock released", slog.String("name", lk.name), slog.Int64("key", lk.key),
-			slog.String("mode", modeName(lk.shared)), slog.Duration("held", now.Sub(lk.since)))
-	}
 }

@@ -3,13 +3,10 @@ package pglock
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -301,101 +298,4 @@ func TestOperatorViewPlainSQL(t *testing.T) {
 	if err := lk.Unlock(ctx); err != nil {
 		t.Fatalf("Unlock: %v", err)
 	}
-}
-
-func TestBadInputTakesNothing(t *testing.T) {
-	t.Parallel()
-	pool, l := setup(t)
-	ctx := testContext(t)
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
-
-	cases := []struct {
-		desc string
-		l    *Locker
-		ctx  context.Context
-		name string
-		want error
-	}{
-		{"empty name", l, ctx, "", ErrInvalidName},
-		{"name over 200 bytes", l, ctx, strings.Repeat("n", MaxNameLen+1), ErrInvalidName},
-		{"name with NUL", l, ctx, "a\x00b", ErrInvalidName},
-		{"name not UTF-8", l, ctx, "a\xffb", ErrInvalidName},
-		{"nil pool", New(nil), ctx, "ok", ErrNilPool},
-		{"cancelled context", l, cancelled, "ok", context.Canceled},
-	}
-	for _, c := range cases {
-		for op, f := range map[string]func(context.Context, string) (*Lock, error){
-			"Lock": c.l.Lock, "TryLock": c.l.TryLock, "RLock": c.l.RLock, "TryRLock": c.l.TryRLock,
-		} {
-			lk, err := f(c.ctx, c.name)
-			if lk != nil || !errors.Is(err, c.want) {
-				t.Errorf("%s with %s = %v, %v; want nil, %v", op, c.desc, lk, err, c.want)
-			}
-		}
-		called := false
-		err := c.l.Do(c.ctx, c.name, func(context.Context) error { called = true; return nil })
-		if called || !errors.Is(err, c.want) {
-			t.Errorf("Do with %s = %v (fn called: %v); want %v", c.desc, err, called, c.want)
-		}
-	}
-	if lk, err := l.Lock(ctx, strings.Repeat("n", MaxNameLen)); err != nil {
-		t.Errorf("Lock with a %d-byte name: %v", MaxNameLen, err)
-	} else if err := lk.Unlock(ctx); err != nil {
-		t.Error(err)
-	}
-	var nilCtx context.Context
-	if _, err := l.Lock(nilCtx, "ok"); err == nil {
-		t.Error("Lock with a nil context succeeded")
-	}
-	if err := l.Do(ctx, "ok", nil); err == nil {
-		t.Error("Do with a nil fn succeeded")
-	}
-	if n := advisoryLocks(t, pool); n != 0 {
-		t.Errorf("advisory locks after bad input = %d, want 0", n)
-	}
-	assertIdle(t, pool)
-
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := XactLock(ctx, tx, ""); !errors.Is(err, ErrInvalidName) {
-		t.Errorf("XactLock with an empty name = %v, want ErrInvalidName", err)
-	}
-	if _, err := TryXactLock(cancelled, tx, "ok"); !errors.Is(err, context.Canceled) {
-		t.Errorf("TryXactLock with a cancelled context = %v, want context.Canceled", err)
-	}
-	var nilTx pgx.Tx
-	if err := XactLock(ctx, nilTx, "ok"); err == nil {
-		t.Error("XactLock with a nil tx succeeded")
-	}
-}
-
-func TestInvalidOptionsReturnedFromEveryCall(t *testing.T) {
-	t.Parallel()
-	pool, _ := setup(t)
-	ctx := testContext(t)
-	cases := []struct {
-		opt  Option
-		want string
-	}{
-		{WithLivenessCheck(0, time.Second), "interval must be between 10ms and 1h0m0s, got 0s"},
-		{WithLivenessCheck(time.Second, time.Millisecond), "timeout must be between 10ms and 1h0m0s, got 1ms"},
-		{WithLivenessCheck(2*time.Hour, time.Second), "interval"},
-		{WithLogger(nil), "logger is nil"},
-		{nil, "option 0 is nil"},
-	}
-	for _, c := range cases {
-		l := New(pool, c.opt)
-		_, err := l.TryLock(ctx, "x")
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("TryLock with an invalid option = %v, want an error containing %q", err, c.want)
-		}
-		if err := l.Do(ctx, "x", func(context.Context) error { return nil }); err == nil {
-			t.Error("Do with an invalid option succeeded")
-		}
-	}
-	assertIdle(t, pool)
 }

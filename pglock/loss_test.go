@@ -15,11 +15,7 @@ import (
 )
 
 // isWatching reports whether lk's monitor is blocked reading its socket.
-func (lk *Lock) isWatching() bool {
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	return lk.watching
-}
+func (lk *Lock) isWatching() bool { return lk.watching.Load() }
 
 func TestTerminateBackendClosesDone(t *testing.T) {
 	t.Parallel()
@@ -87,7 +83,7 @@ func TestDoReportsLoss(t *testing.T) {
 	t.Parallel()
 	pool, l := setup(t)
 	ctx := testContext(t)
-	err := l.Do(ctx, "job", func(ctx context.Context) error {
+	err := l.Do(ctx, "job", func(ctx context.Context, _ *Lock) error {
 		var pid int32
 		// Find our own backend the way an operator would: by the key.
 		k := uint64(Key("job"))
@@ -119,7 +115,7 @@ func TestDoUnlocksOnErrorAndPanic(t *testing.T) {
 	pool, l := setup(t)
 	ctx := testContext(t)
 	boom := errors.New("boom")
-	if err := l.Do(ctx, "d", func(context.Context) error { return boom }); !errors.Is(err, boom) {
+	if err := l.Do(ctx, "d", func(context.Context, *Lock) error { return boom }); !errors.Is(err, boom) {
 		t.Errorf("Do = %v, want fn's error", err)
 	}
 	func() {
@@ -128,10 +124,10 @@ func TestDoUnlocksOnErrorAndPanic(t *testing.T) {
 				t.Error("panic in fn did not propagate")
 			}
 		}()
-		_ = l.Do(ctx, "d", func(context.Context) error { panic("fn panicked") })
+		_ = l.Do(ctx, "d", func(context.Context, *Lock) error { panic("fn panicked") })
 	}()
 	ran := false
-	if err := l.Do(ctx, "d", func(context.Context) error { ran = true; return nil }); err != nil || !ran {
+	if err := l.Do(ctx, "d", func(context.Context, *Lock) error { ran = true; return nil }); err != nil || !ran {
 		t.Errorf("Do after a failed and a panicking Do = %v (ran %v)", err, ran)
 	}
 	if n := advisoryLocks(t, pool); n != 0 {
@@ -196,7 +192,7 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 	})
 
 	const interval, timeout = 200 * time.Millisecond, 300 * time.Millisecond
-	l := New(viaProxy, WithLivenessCheck(interval, timeout))
+	l := newLocker(t, viaProxy, WithLivenessCheck(interval, timeout))
 	ctx := testContext(t)
 	lk, err := l.Lock(ctx, "net")
 	if err != nil {
@@ -226,7 +222,7 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 
 	// The server cannot know yet: behind the silent network the session
 	// still holds the lock. This is why a lost lock must stop its work.
-	other := New(direct)
+	other := newLocker(t, direct)
 	if _, err := other.TryLock(ctx, "net"); !errors.Is(err, ErrLocked) {
 		t.Errorf("TryLock while the server still keeps the silent session = %v, want ErrLocked", err)
 	}

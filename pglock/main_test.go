@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -10,7 +11,14 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain provides DATABASE_URL to the Examples, which connect the way an
+// application does. A helper process (process_test.go) needs none.
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		pgtest.Main(m)
+	}
+	pgtest.MainWithURL(m, "DATABASE_URL")
+}
 
 // newPool opens a pool of at most maxConns connections over databaseURL,
 // closed when t ends (pgtest.PoolFor also checks then that none is still
@@ -24,7 +32,17 @@ func newPool(t testing.TB, databaseURL string, maxConns int32) *pgxpool.Pool {
 func setup(t testing.TB, opts ...Option) (*pgxpool.Pool, *Locker) {
 	t.Helper()
 	pool := newPool(t, pgtest.URL(t), 8)
-	return pool, New(pool, opts...)
+	return pool, newLocker(t, pool, opts...)
+}
+
+// newLocker is New, failing t on an error.
+func newLocker(t testing.TB, pool *pgxpool.Pool, opts ...Option) *Locker {
+	t.Helper()
+	l, err := New(pool, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return l
 }
 
 func testContext(t testing.TB) context.Context {

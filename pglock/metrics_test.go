@@ -192,8 +192,8 @@ func TestMetricsDefaultProvider(t *testing.T) {
 	t.Parallel()
 	mr := metrictest.New(t)
 	pool := newPool(t, pgtest.URL(t), 4)
-	quiet := New(pool)
-	counted := New(pool, WithMeterProvider(mr.MP))
+	quiet := newLocker(t, pool)
+	counted := newLocker(t, pool, WithMeterProvider(mr.MP))
 	ctx := testContext(t)
 	for range 3 {
 		lk, err := quiet.TryLock(ctx, "default")
@@ -219,9 +219,8 @@ func TestMetricsDefaultProvider(t *testing.T) {
 		t.Errorf("hold measurements = %v, want 1", n)
 	}
 
-	bad := New(pool, WithMeterProvider(nil))
-	if _, err := bad.TryLock(ctx, "x"); err == nil || !strings.Contains(err.Error(), "WithMeterProvider") {
-		t.Errorf("TryLock with WithMeterProvider(nil) = %v, want the option's error", err)
+	if _, err := New(pool, WithMeterProvider(nil)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "WithMeterProvider") {
+		t.Errorf("New with WithMeterProvider(nil) = %v, want ErrInvalid naming the option", err)
 	}
 }
 

@@ -3,7 +3,6 @@ package pglock
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"time"
 )
@@ -12,8 +11,13 @@ import (
 // return at once with a timeout.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// monitor watches the pinned session while the lock is held. It alternates
-// two phases:
+// monitor is the Lock's one goroutine. It owns the pinned connection from
+// the grant until it returns, and it returns in exactly two ways: Unlock
+// closed stop (the connection is then Unlock's), or the session is gone
+// (it destroys the connection and ends the Lock's context with ErrLost).
+// done closes when it has returned.
+//
+// After delay it alternates two phases:
 //
 //   - watch: block reading the socket for up to the liveness interval. An
 //     idle session receives nothing, so anything that ends the read other
@@ -24,93 +28,78 @@ var aLongTimeAgo = time.Unix(1, 0)
 //     liveness timeout, which catches a network that went silent.
 //
 // It uses socket deadlines, not contexts, so it never depends on the pool's
-// context-watcher configuration and never sends a cancel request. Unlock
-// stops it (stopMonitor) before using the connection; the monitor never
-// touches the connection after seeing stopping.
-func (lk *Lock) monitor() {
-	defer close(lk.monitorDone)
-	lk.mu.Lock()
-	if lk.stopping {
-		lk.mu.Unlock()
+// context-watcher configuration and never sends a cancel request.
+func (lk *Lock) monitor(delay time.Duration) {
+	defer close(lk.done)
+	t := time.NewTimer(delay)
+	select {
+	case <-lk.stop:
+		t.Stop()
 		return
+	case <-t.C:
 	}
-	// lk.conn stays set until we return: only lose (below) and Unlock
-	// (after we return) clear it.
 	pg := lk.conn.Conn().PgConn()
-	lk.mu.Unlock()
-	nc := pg.Conn()
 	cfg := lk.l.cfg
 	for {
-		lk.mu.Lock()
-		if lk.stopping {
-			lk.mu.Unlock()
+		lk.watching.Store(true)
+		_ = lk.nc.SetReadDeadline(time.Now().Add(cfg.interval))
+		if lk.stopped() { // checked after the deadline is set: see stopMonitor
+			lk.watching.Store(false)
 			return
 		}
-		lk.watching = true
-		_ = nc.SetReadDeadline(time.Now().Add(cfg.interval))
-		lk.mu.Unlock()
-
 		err := pg.WaitForNotification(context.Background())
-
-		lk.mu.Lock()
-		lk.watching = false
-		stopping := lk.stopping
-		lk.mu.Unlock()
-		if err == nil {
+		lk.watching.Store(false)
+		switch {
+		case err == nil:
 			continue // a NOTIFY for a channel this session once LISTENed on
-		}
-		if !isTimeout(err) || pg.IsClosed() {
+		case !isTimeout(err) || pg.IsClosed():
 			lk.lose(lostSessionEnded, err)
 			return
-		}
-		if stopping {
+		case lk.stopped():
 			return
 		}
-		_ = nc.SetDeadline(time.Now().Add(cfg.timeout))
+		_ = lk.nc.SetDeadline(time.Now().Add(cfg.timeout))
 		if err := pg.Ping(context.Background()); err != nil {
 			lk.lose(lostLivenessFailed, err)
 			return
 		}
-		_ = nc.SetDeadline(time.Time{})
+		_ = lk.nc.SetDeadline(time.Time{})
+	}
+}
+
+func (lk *Lock) stopped() bool {
+	select {
+	case <-lk.stop:
+		return true
+	default:
+		return false
 	}
 }
 
 // stopMonitor makes the monitor hand the connection back and waits until it
-// has: at once if it is watching, after the round trip if it is probing
-// (bounded by the liveness timeout). It is safe to call more than once.
+// has: at once if it is waiting to start or watching, after the round trip
+// if it is probing (bounded by the liveness timeout). Safe to repeat.
+//
+// The monitor sets its read deadline before it checks stop, and stop is
+// closed here before watching is read: so either the monitor sees stop
+// and does not read, or this sees watching and cuts the read short.
 func (lk *Lock) stopMonitor() {
-	lk.mu.Lock()
-	lk.stopping = true
-	if lk.watching && lk.conn != nil {
-		_ = lk.conn.Conn().PgConn().Conn().SetReadDeadline(aLongTimeAgo)
+	lk.stopOnce.Do(func() { close(lk.stop) })
+	if lk.watching.Load() {
+		_ = lk.nc.SetReadDeadline(aLongTimeAgo)
 	}
-	lk.mu.Unlock()
-	if lk.timer.Stop() {
-		close(lk.monitorDone) // it never started and now never will
-	} else {
-		<-lk.monitorDone // it started (or a previous call stopped it); wait for it
-	}
+	<-lk.done
 }
 
-// lose records that the session is gone, destroys the connection, closes
-// Done, records the metrics and logs. Only the monitor calls it, and only
-// before Unlock has taken the connection.
-func (lk *Lock) lose(why lostCause, cause error) {
-	lk.mu.Lock()
+// lose ends the hold because the session is gone: it destroys the
+// connection, records the loss and ends the Lock's context. Only the
+// monitor calls it, while it owns the connection.
+func (lk *Lock) lose(why lostCause, err error) {
 	conn := lk.conn
 	lk.conn = nil
-	lk.lostErr = cause
-	lk.mu.Unlock()
-	destroy(conn, lk.l.cfg.log, "lock lost", lk.name)
-	// Recorded before Done closes, so that whoever sees Done sees them.
-	now := time.Now()
-	lk.l.m.recordHold(lk.name, lk.shared, true, lk.since, now)
-	lk.l.m.recordLost(lk.name, lk.shared, why)
+	lk.l.destroy(conn, lk.name, "lock lost")
+	lk.l.tel.lost(lk, why, err) // before the context ends: whoever sees Done sees the metrics
 	lk.cancel(ErrLost)
-	lk.l.cfg.log.Warn("pglock: lock lost",
-		slog.String("name", lk.name), slog.Int64("key", lk.key),
-		slog.Uint64("pid", uint64(lk.pid)), slog.String("cause", lostCauseNames[why]),
-		slog.Duration("held", now.Sub(lk.since)), slog.Any("err", cause))
 }
 
 func isTimeout(err error) bool {

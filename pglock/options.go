@@ -1,7 +1,6 @@
 package pglock
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -9,47 +8,60 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Defaults and limits of the liveness check (see WithLivenessCheck).
+// Defaults and limits of the options.
 const (
 	DefaultLivenessInterval = 1 * time.Second
 	DefaultLivenessTimeout  = 3 * time.Second
+	DefaultUnlockTimeout    = 5 * time.Second
 
 	MinLivenessInterval = 10 * time.Millisecond
 	MaxLivenessInterval = time.Hour
 	MinLivenessTimeout  = 10 * time.Millisecond
 	MaxLivenessTimeout  = time.Hour
+	MinUnlockTimeout    = 10 * time.Millisecond
+	MaxUnlockTimeout    = time.Hour
 )
 
-// An Option configures a Locker. Options are applied in order by New; an
-// invalid one does not panic and is not ignored: the Locker returns its
-// error from every call (New's signature has no error, by the v1 contract).
+// An Option configures a Locker. New applies them in order; an invalid one
+// makes New return an error matching ErrInvalid that names the setting.
 type Option func(*config) error
 
 type config struct {
-	log      *slog.Logger
-	interval time.Duration
-	timeout  time.Duration
-	meter    metric.MeterProvider // nil: otel.GetMeterProvider() at New
-	nameAttr bool
+	log           *slog.Logger
+	interval      time.Duration
+	timeout       time.Duration
+	unlockTimeout time.Duration
+	meter         metric.MeterProvider // nil: otel.GetMeterProvider() at New
+	nameAttr      bool
 }
 
 func defaultConfig() config {
 	return config{
-		log:      slog.New(slog.DiscardHandler),
-		interval: DefaultLivenessInterval,
-		timeout:  DefaultLivenessTimeout,
+		log:           slog.New(slog.DiscardHandler),
+		interval:      DefaultLivenessInterval,
+		timeout:       DefaultLivenessTimeout,
+		unlockTimeout: DefaultUnlockTimeout,
 	}
 }
 
-// WithLogger sends the Locker's log records to l: a Warn when a held lock is
-// lost ("pglock: lock lost"), Debug records for each grant ("pglock: lock
-// acquired"), each Unlock ("pglock: lock released") and each connection
-// destroyed because its lock state is in doubt. The default discards
-// everything. A nil l is invalid.
+// hooks are the package's test hooks, in one place; production code only
+// reads them. Tests set them on a Locker right after New.
+type hooks struct {
+	// monitorDelay is how long after a grant the monitor starts watching
+	// (default monitorStartDelay).
+	monitorDelay time.Duration
+	// noCancelRequest skips the cancel request of an abandoned wait, as
+	// if it were lost on the network.
+	noCancelRequest bool
+}
+
+// WithLogger sends the Locker's log records to l (see the package
+// documentation's Logs section). Default: discard everything. A nil l is
+// invalid.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
 		if l == nil {
-			return errors.New("pglock: WithLogger: logger is nil")
+			return invalid("option WithLogger", "logger is nil")
 		}
 		c.log = l
 		return nil
@@ -72,28 +84,44 @@ func WithLogger(l *slog.Logger) Option {
 func WithLivenessCheck(interval, timeout time.Duration) Option {
 	return func(c *config) error {
 		if interval < MinLivenessInterval || interval > MaxLivenessInterval {
-			return fmt.Errorf("pglock: WithLivenessCheck: interval must be between %v and %v, got %v",
-				MinLivenessInterval, MaxLivenessInterval, interval)
+			return invalid("option WithLivenessCheck", fmt.Sprintf("interval must be between %v and %v, got %v",
+				MinLivenessInterval, MaxLivenessInterval, interval))
 		}
 		if timeout < MinLivenessTimeout || timeout > MaxLivenessTimeout {
-			return fmt.Errorf("pglock: WithLivenessCheck: timeout must be between %v and %v, got %v",
-				MinLivenessTimeout, MaxLivenessTimeout, timeout)
+			return invalid("option WithLivenessCheck", fmt.Sprintf("timeout must be between %v and %v, got %v",
+				MinLivenessTimeout, MaxLivenessTimeout, timeout))
 		}
 		c.interval, c.timeout = interval, timeout
 		return nil
 	}
 }
 
+// WithUnlockTimeout bounds the clean-up pglock does after its caller is
+// done: the Unlock that Do runs after fn (with context.WithoutCancel, so
+// it runs even when ctx has ended), and the cancellation of a wait whose
+// context ended (see Lock). Default 5s, valid [10ms, 1h]; the leases
+// package's release timeout has the same default.
+func WithUnlockTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < MinUnlockTimeout || d > MaxUnlockTimeout {
+			return invalid("option WithUnlockTimeout", fmt.Sprintf("timeout must be between %v and %v, got %v",
+				MinUnlockTimeout, MaxUnlockTimeout, d))
+		}
+		c.unlockTimeout = d
+		return nil
+	}
+}
+
 // WithMeterProvider sets the OpenTelemetry MeterProvider the Locker creates
-// its instruments on (once, in New; see the package documentation's Metrics
-// section). Default: the global provider, otel.GetMeterProvider(), which
-// records nothing until the application installs one with
+// its instruments on (once, in New; see the package documentation's
+// Metrics section). Default: the global provider, otel.GetMeterProvider(),
+// which records nothing until the application installs one with
 // otel.SetMeterProvider (instruments created before that are forwarded to
 // it). A nil mp is invalid.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) error {
 		if mp == nil {
-			return errors.New("pglock: WithMeterProvider: provider is nil")
+			return invalid("option WithMeterProvider", "provider is nil")
 		}
 		c.meter = mp
 		return nil

@@ -23,7 +23,7 @@ import (
 // terminates the backend (the error names its pid when pg_locks shows it).
 // Use XactLock or TryXactLock, or a lease, behind such a pooler; or give
 // pglock a direct or session-pooled connection.
-var ErrPooler = errors.New("pglock: session advisory locks do not work through a transaction-mode pooler (PgBouncer pool_mode=transaction): use XactLock or leases")
+var ErrPooler = errors.New("pglock: transaction-mode pooler")
 
 // verifySession checks, right after PostgreSQL granted the session
 // advisory lock key (shared or exclusive) on conn, that the server session
@@ -52,7 +52,7 @@ func verifySession(ctx context.Context, conn *pgx.Conn, key int64, shared bool) 
 		holder int32
 	)
 	if err := conn.QueryRow(ctx, sqlVerifySession, classID, objID, mode).Scan(&pid, &held, &holder); err != nil {
-		return fmt.Errorf("pglock: verify session lock %d: %w", key, err)
+		return fmt.Errorf("verify session: %w", err)
 	}
 	if held {
 		return nil
@@ -61,6 +61,6 @@ func verifySession(ctx context.Context, conn *pgx.Conn, key int64, shared bool) 
 	if holder != 0 {
 		where = fmt.Sprintf("backend pid %d holds it", holder)
 	}
-	return fmt.Errorf("lock %d was granted, but server session pid %d answering now does not hold it (%s; client-side backend key pid %d): %w",
-		key, pid, where, conn.PgConn().PID(), ErrPooler)
+	return fmt.Errorf("%w: lock %d was granted, but server session pid %d answering now does not hold it (%s; client-side backend key pid %d)",
+		ErrPooler, key, pid, where, conn.PgConn().PID())
 }

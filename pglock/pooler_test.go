@@ -68,7 +68,7 @@ func TestVerifySessionDirect(t *testing.T) {
 			if err := verifySession(ctx, conn, key, false); !errors.Is(err, ErrPooler) {
 				t.Fatalf("verify a lock nobody holds: %v, want ErrPooler", err)
 			}
-			mustExec(t, conn, sqlLock, key)
+			mustExec(t, conn, sqlLock, key, nil)
 			if err := verifySession(ctx, conn, key, false); err != nil {
 				t.Errorf("verify exclusive lock held by this session: %v", err)
 			}
@@ -79,8 +79,8 @@ func TestVerifySessionDirect(t *testing.T) {
 				t.Errorf("verify from a session that does not hold it: %v, want ErrPooler", err)
 			}
 			mustExec(t, conn, sqlUnlock, key)
-			mustExec(t, conn, sqlLockShared, key)
-			mustExec(t, other, sqlLockShared, key)
+			mustExec(t, conn, sqlLockShared, key, nil)
+			mustExec(t, other, sqlLockShared, key, nil)
 			for _, c := range []*pgx.Conn{conn, other} {
 				if err := verifySession(ctx, c, key, true); err != nil {
 					t.Errorf("verify a shared lock held by this session and another: %v", err)
@@ -115,7 +115,7 @@ func TestVerifySessionTransactionPooler(t *testing.T) {
 	direct, a, b := connect(t, u), connect(t, bu), connect(t, bu)
 	key := Key("pooler/transaction")
 
-	mustExec(t, a, sqlLock, key)
+	mustExec(t, a, sqlLock, key, nil)
 	held := holders(t, direct, key, "ExclusiveLock")
 	if len(held) != 1 {
 		t.Fatalf("lock holders after pg_advisory_lock through PgBouncer: %v, want one", held)
@@ -168,7 +168,7 @@ func TestVerifySessionSessionPooler(t *testing.T) {
 		if shared {
 			lock, unlock = sqlLockShared, sqlUnlockShared
 		}
-		mustExec(t, a, lock, key)
+		mustExec(t, a, lock, key, nil)
 		tx, err := b.Begin(ctx)
 		if err != nil {
 			t.Fatalf("begin on the second client: %v", err)

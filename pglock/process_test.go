@@ -34,7 +34,7 @@ func TestLockExcludesProcesses(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	pool := newPool(t, url, 4)
-	l := New(pool)
+	l := newLocker(t, pool)
 	ctx := testContext(t)
 	marker := filepath.Join(t.TempDir(), "inside")
 	const procs, goroutines, rounds = 3, 2, 30
@@ -90,7 +90,7 @@ func TestHelperProcess(t *testing.T) {
 		t.Fatalf("helper: pool: %v", err)
 	}
 	defer pool.Close()
-	if err := criticalSections(ctx, New(pool), os.Getenv(helperMarker), rounds); err != nil {
+	if err := criticalSections(ctx, newLocker(t, pool), os.Getenv(helperMarker), rounds); err != nil {
 		t.Fatalf("helper: %v", err)
 	}
 	fmt.Printf("helper: %d critical sections\n", rounds)

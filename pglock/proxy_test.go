@@ -15,6 +15,7 @@ type proxy struct {
 	ln        net.Listener
 	target    string
 	blackhole atomic.Bool
+	refuse    atomic.Bool
 
 	mu     sync.Mutex
 	conns  []net.Conn
@@ -42,6 +43,11 @@ func (p *proxy) Port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
 // Blackhole stops all forwarding, now and for new connections, without
 // closing anything: reads keep draining and dropping what arrives.
 func (p *proxy) Blackhole() { p.blackhole.Store(true) }
+
+// RefuseNew makes the proxy close every new connection at once, while
+// existing ones keep working: a cancel request (which pgx sends on a new
+// connection) is lost.
+func (p *proxy) RefuseNew() { p.refuse.Store(true) }
 
 // Close closes the listener and every connection, and waits for the
 // proxy's goroutines to return. It is safe to call more than once.
@@ -79,6 +85,10 @@ func (p *proxy) accept() {
 		}
 		if !p.track(client) {
 			return
+		}
+		if p.refuse.Load() {
+			_ = client.Close()
+			continue
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {

@@ -1,28 +1,94 @@
 package pglock
 
-// The statements pglock runs, in one place. Every one takes the lock key
-// ($1, a bigint from Key) as its only parameter; names never reach SQL text.
+// The statements pglock runs, in one place. Keys ($1) are bigints from
+// Key; names never reach SQL text.
+//
+// The acquiring statements return the answering backend's pid, so that a
+// connection whose server session is not the one it was opened on (a
+// transaction-mode pooler) can be checked (verifySession), and they return
+// no row on a standby (a server in recovery), where an advisory lock would
+// exclude nobody on the primary: the WHERE of such a SELECT is a one-time
+// filter evaluated before the lock function, which then never runs.
 const (
-	// Session-scoped, on the Lock's pinned connection. The acquiring
-	// statements return the answering backend's pid, so that a connection
-	// whose server session is not the one it was opened on (a
-	// transaction-mode pooler) can be checked (verifySession), and they
-	// return no row on a standby (a server in recovery), where an advisory
-	// lock would exclude nobody on the primary: the WHERE of a FROM-less
-	// SELECT is a one-time filter evaluated before the lock function, which
-	// then never runs.
-	sqlLock          = `SELECT pg_backend_pid(), pg_advisory_lock($1) WHERE NOT pg_is_in_recovery()`
-	sqlLockShared    = `SELECT pg_backend_pid(), pg_advisory_lock_shared($1) WHERE NOT pg_is_in_recovery()`
-	sqlTryLock       = `SELECT pg_backend_pid(), pg_try_advisory_lock($1) WHERE NOT pg_is_in_recovery()`
-	sqlTryLockShared = `SELECT pg_backend_pid(), pg_try_advisory_lock_shared($1) WHERE NOT pg_is_in_recovery()`
-	sqlUnlock        = `SELECT pg_advisory_unlock($1)`
-	sqlUnlockShared  = `SELECT pg_advisory_unlock_shared($1)`
+	// The blocking acquires set the statement's own lock_timeout first
+	// ($2: ctx's remaining time, "1234ms"; NULL keeps the session's), so
+	// that the server ends a wait bounded by a deadline by itself, even if
+	// the client is gone. set_config(..., true) lasts until the end of the
+	// statement's implicit transaction. A CTE with a volatile function is
+	// evaluated once, before the outer SELECT's target list.
+	sqlLock = `
+WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+SELECT pg_backend_pid(), pg_advisory_lock($1) FROM timeout WHERE NOT pg_is_in_recovery()`
+	sqlLockShared = `
+WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+SELECT pg_backend_pid(), pg_advisory_lock_shared($1) FROM timeout WHERE NOT pg_is_in_recovery()`
+
+	sqlUnlock       = `SELECT pg_advisory_unlock($1)`
+	sqlUnlockShared = `SELECT pg_advisory_unlock_shared($1)`
 
 	// Transaction-scoped, on the caller's transaction (no row on a standby,
 	// as above).
 	sqlXactLock    = `SELECT pg_advisory_xact_lock($1) WHERE NOT pg_is_in_recovery()`
 	sqlTryXactLock = `SELECT pg_try_advisory_xact_lock($1) WHERE NOT pg_is_in_recovery()`
 )
+
+// sqlLockRows are the advisory locks of the current database, one row per
+// session holding or awaiting one, with that session from
+// pg_stat_activity. Keys taken with the single-bigint form (objsubid = 1)
+// are reassembled from classid (high 32 bits) and objid (low 32 bits); the
+// two-int4 form (objsubid = 2) is not pglock's and is left out.
+// pg_locks.waitstart exists from PostgreSQL 14 on; read through to_jsonb,
+// it is NULL before.
+const sqlLockRows = `
+SELECT (l.classid::bigint << 32) | l.objid::bigint               AS key,
+       l.mode = 'ShareLock'                                       AS shared,
+       l.granted,
+       l.pid,
+       coalesce(a.application_name, '')                           AS application_name,
+       coalesce(host(a.client_addr), '')                          AS client_addr,
+       coalesce(a.state, '')                                      AS state,
+       a.backend_start,
+       a.state_change,
+       CASE WHEN NOT l.granted THEN (to_jsonb(l) ->> 'waitstart')::timestamptz END AS wait_start,
+       clock_timestamp()                                          AS read_at
+  FROM pg_locks AS l
+  LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory'
+   AND l.objsubid = 1
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+// sqlList lists sqlLockRows, all ($1 NULL) or those of key $1: per key,
+// holders first, then waiters by wait start.
+const sqlList = `
+SELECT key, shared, granted, pid, application_name, client_addr, state,
+       backend_start, state_change, wait_start, read_at
+  FROM (` + sqlLockRows + `) AS r
+ WHERE $1::bigint IS NULL OR key = $1
+ ORDER BY key, granted DESC, wait_start NULLS LAST, pid`
+
+// The try statements take the lock if they can, and when they cannot,
+// read its holders in the same round trip, as JSON (a CASE evaluates its
+// subquery only in the branch taken; OFFSET 0 keeps the try in its own
+// subquery, evaluated once).
+const (
+	sqlTryLock = `
+SELECT t.pid, t.ok,
+       CASE WHEN NOT t.ok THEN (SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted) END
+  FROM (SELECT pg_backend_pid() AS pid, pg_try_advisory_lock($1) AS ok WHERE NOT pg_is_in_recovery() OFFSET 0) AS t`
+	sqlTryLockShared = `
+SELECT t.pid, t.ok,
+       CASE WHEN NOT t.ok THEN (SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted) END
+  FROM (SELECT pg_backend_pid() AS pid, pg_try_advisory_lock_shared($1) AS ok WHERE NOT pg_is_in_recovery() OFFSET 0) AS t`
+)
+
+// sqlCancelWaiter cancels the statement of backend $1 if, and only if, it
+// is waiting for the advisory lock $2 in this database: the fallback for
+// an abandoned wait whose cancel request was lost. The key condition
+// keeps it from touching anything else, such as an unrelated backend
+// whose pid a pooler's client-side key happens to equal.
+const sqlCancelWaiter = `
+SELECT pg_cancel_backend(pid) FROM (` + sqlLockRows + `) AS r
+ WHERE r.pid = $1 AND r.key = $2 AND NOT r.granted`
 
 // sqlVerifySession reports the backend that answers and whether that
 // backend holds the advisory lock $1:$2 (classid, objid: the key's high

@@ -32,7 +32,7 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 	names := []string{"storm/a", "storm/b", "storm/c"}
 	const waiters = 4
 	pool := newPool(t, pgtest.URL(t), int32(len(names)*(waiters+2)+1))
-	l := New(pool)
+	l := newLocker(t, pool)
 	ctx := testContext(t)
 
 	var st stormStats

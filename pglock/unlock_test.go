@@ -23,8 +23,8 @@ func TestUnlockFalseDestroysConnection(t *testing.T) {
 	if err := lk.Unlock(ctx); !errors.Is(err, ErrLost) {
 		t.Errorf("Unlock of a lock the session no longer held = %v, want ErrLost", err)
 	}
-	if lk.Err() != ErrUnlocked {
-		t.Errorf("Err = %v, want ErrUnlocked", lk.Err())
+	if lk.Err() != ErrLost {
+		t.Errorf("Err = %v, want ErrLost", lk.Err())
 	}
 	if got := pool.Stat().TotalConns(); got != total-1 {
 		t.Errorf("total connections = %d, want %d: the connection must be destroyed", got, total-1)

@@ -3,7 +3,6 @@ package pglock
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -11,8 +10,10 @@ import (
 // XactLock takes the exclusive transaction-scoped lock name on tx, waiting
 // while another session holds it (in either scope: a session lock and a
 // transaction lock on one name exclude each other). The lock is released
-// when tx commits or rolls back; there is no unlock. ctx bounds the wait; if
-// it ends, the statement fails and tx is aborted, so roll it back.
+// when tx commits or rolls back; there is no unlock. ctx bounds the wait;
+// if it ends, the statement fails and tx is aborted, so roll it back.
+// Bad input (invalid name, nil ctx or tx) returns an error matching
+// ErrInvalid before anything is sent.
 //
 // Transaction locks work through PgBouncer in transaction mode, unlike Lock.
 func XactLock(ctx context.Context, tx pgx.Tx, name string) error {
@@ -21,10 +22,10 @@ func XactLock(ctx context.Context, tx pgx.Tx, name string) error {
 	}
 	tag, err := tx.Exec(ctx, sqlXactLock, Key(name))
 	if err != nil {
-		return fmt.Errorf("pglock: xact lock %q: %w", name, err)
+		return opErr("xact lock", name, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pglock: xact lock %q: %w", name, ErrStandby)
+		return opErr("xact lock", name, ErrStandby)
 	}
 	return nil
 }
@@ -41,23 +42,20 @@ func TryXactLock(ctx context.Context, tx pgx.Tx, name string) (bool, error) {
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = ErrStandby
 		}
-		return false, fmt.Errorf("pglock: try xact lock %q: %w", name, err)
+		return false, opErr("try xact lock", name, err)
 	}
 	return ok, nil
 }
 
 func checkXact(ctx context.Context, tx pgx.Tx, name, op string) error {
-	if err := validateName(name); err != nil {
-		return fmt.Errorf("pglock: %s: %w", op, err)
+	if err := checkCall(ctx, name); err != nil {
+		return err
 	}
 	if tx == nil {
-		return fmt.Errorf("pglock: %s %q: %w", op, name, errors.New("transaction is nil"))
-	}
-	if ctx == nil {
-		return fmt.Errorf("pglock: %s %q: context is nil", op, name)
+		return invalid("transaction", "is nil")
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("pglock: %s %q: %w", op, name, err)
+		return opErr(op, name, err)
 	}
 	return nil
 }

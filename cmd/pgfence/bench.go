@@ -108,7 +108,10 @@ func runBench(ctx context.Context, g *globals, out io.Writer, d time.Duration, c
 		return fmt.Errorf("leases client: %w", err)
 	}
 	defer lc.Close()
-	locker := pglock.New(pool)
+	locker, err := pglock.New(pool)
+	if err != nil {
+		return err
+	}
 	// Fixed names: lease rows stay after release (they keep the fence
 	// order), so a later run reuses them rather than adding more.
 	const prefix = "pgfence-bench"

@@ -11,6 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/redact"
 )
 
 // connectTimeout bounds the first connection when the connection string
@@ -32,6 +36,17 @@ func (g *globals) connString() string {
 		return g.databaseURL
 	}
 	return os.Getenv("DATABASE_URL")
+}
+
+// connSecrets returns what the password of the connection string could
+// be (--database-url, DATABASE_URL, PGPASSWORD), for redacting the errors
+// the command prints: see internal/redact.
+func connSecrets(root *cobra.Command) []string {
+	var out []string
+	if f := root.PersistentFlags().Lookup("database-url"); f != nil {
+		out = append(out, redact.Secrets(f.Value.String())...)
+	}
+	return append(out, redact.Secrets(os.Getenv("DATABASE_URL"))...)
 }
 
 // configured reports whether the operator pointed pgfence at a database at
@@ -121,19 +136,16 @@ func hostPort(cfg pgconn.Config) string {
 	return net.JoinHostPort(cfg.Host, fmt.Sprint(cfg.Port))
 }
 
-// Schema errors: the pgfence schema or one of its objects is missing.
+// SQLSTATEs the command's own SQL reads (fence.go); the hints for them
+// live in internal/pgerr, shared with the libraries.
 const (
-	sqlstateInvalidSchemaName = "3F000"
-	sqlstateUndefinedTable    = "42P01"
-	sqlstateUndefinedFunction = "42883"
-	sqlstateInsufficientPriv  = "42501"
+	sqlstateUndefinedTable    = pgerr.UndefinedTable
+	sqlstateUndefinedFunction = pgerr.UndefinedFunction
+	sqlstateInsufficientPriv  = pgerr.InsufficientPrivilege
 )
 
-// errPrivileges is the hint for a role that may not use the pgfence schema.
-var errPrivileges = errors.New("the role lacks privileges on schema pgfence: GRANT pgfence_client (or pgfence_operator, for force-release, fence bump and check) TO it")
-
-// errNotMigrated is the hint for a database without the pgfence schema.
-var errNotMigrated = errors.New("the pgfence schema is missing from this database: run `pgfence migrate up`")
+// errNotMigrated is the error for a database without the pgfence schema.
+var errNotMigrated = errors.New(pgerr.HintNotMigrated)
 
 // checkSchema fails with errNotMigrated when the database has no
 // pgfence.leases table.
@@ -148,19 +160,7 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// schemaHint adds "run pgfence migrate up" to errors that say an object of
-// the pgfence schema does not exist, and the grants to errors that say the
-// role may not use it (read by SQLSTATE). It is for the command's own SQL:
-// the leases package adds the same hints to its errors.
-func schemaHint(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case sqlstateInvalidSchemaName, sqlstateUndefinedTable, sqlstateUndefinedFunction:
-			return fmt.Errorf("%w (%w)", errNotMigrated, err)
-		case sqlstateInsufficientPriv:
-			return fmt.Errorf("%w (%w)", errPrivileges, err)
-		}
-	}
-	return err
-}
+// schemaHint puts the hint for err's SQLSTATE (run `pgfence migrate up`,
+// the grants, the primary) in front of err; the libraries add the same
+// hints, from the same place (internal/pgerr).
+func schemaHint(err error) error { return pgerr.WithHint(err) }

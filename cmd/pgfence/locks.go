@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -83,10 +85,11 @@ compute and take the same lock. Needs no database.`,
 	return cmd
 }
 
-// lockRow is one row of `locks ls` (and its JSON form).
+// lockRow is one row of `locks ls` (and its JSON form; field names are part
+// of the command's interface).
 type lockRow struct {
 	Key             int64      `json:"key,string"` // a string: keys use all 64 bits, beyond JSON-safe integers
-	Mode            string     `json:"mode"`
+	Mode            string     `json:"mode"`       // ExclusiveLock or ShareLock, as pg_locks says
 	Granted         bool       `json:"granted"`
 	Since           *time.Time `json:"since"`
 	SinceSource     string     `json:"since_source"` // state_change or waitstart
@@ -99,38 +102,51 @@ type lockRow struct {
 	BackendStart *time.Time `json:"backend_start"`
 }
 
+// newLockRow renders a pglock.Info for `locks ls`: SINCE is the wait start
+// for a waiter and the session's last state change for a holder, aged by
+// the database clock.
+func newLockRow(i pglock.Info) lockRow {
+	r := lockRow{
+		Key: i.Key, Mode: "ExclusiveLock", Granted: i.Granted, PID: i.PID,
+		ApplicationName: i.ApplicationName, ClientAddr: i.ClientAddr, State: i.State,
+		BackendStart: timeOrNil(i.BackendStart),
+	}
+	if i.Shared {
+		r.Mode = "ShareLock"
+	}
+	r.Since, r.SinceSource = timeOrNil(i.WaitStart), "waitstart"
+	if i.Granted {
+		r.Since, r.SinceSource = timeOrNil(i.StateChange), "state_change"
+	}
+	if r.Since != nil {
+		s := i.ReadAt.Sub(*r.Since).Seconds()
+		r.SinceSeconds = &s
+	}
+	return r
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// listLocks lists the advisory locks of the pool's database through pglock.
 func listLocks(ctx context.Context, pool *pgxpool.Pool) ([]lockRow, error) {
-	var version int
-	if err := pool.QueryRow(ctx, sqlServerVersion).Scan(&version); err != nil {
-		return nil, fmt.Errorf("read server version: %w", err)
-	}
-	waitstart := "l.waitstart"
-	if version < 140000 {
-		waitstart = "NULL::timestamptz"
-	}
-	rows, err := pool.Query(ctx, fmt.Sprintf(sqlAdvisoryLocks, waitstart))
+	locker, err := pglock.New(pool)
 	if err != nil {
-		return nil, fmt.Errorf("list advisory locks: %w", err)
+		return nil, err
 	}
-	out := []lockRow{}
-	for rows.Next() {
-		var r lockRow
-		var now time.Time
-		if err := rows.Scan(&r.Key, &r.Mode, &r.Granted, &r.Since, &r.SinceSource, &r.PID,
-			&r.ApplicationName, &r.ClientAddr, &r.State, &r.BackendStart, &now); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read advisory locks: %w", err)
-		}
-		if r.Since != nil {
-			s := now.Sub(*r.Since).Seconds()
-			r.SinceSeconds = &s
-		}
-		out = append(out, r)
+	infos, err := locker.List(ctx)
+	if err != nil {
+		return nil, err
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read advisory locks: %w", err)
+	rows := make([]lockRow, len(infos))
+	for i, info := range infos {
+		rows[i] = newLockRow(info)
 	}
-	return out, nil
+	return rows, nil
 }
 
 func printLocks(cmd *cobra.Command, locks []lockRow) error {
@@ -162,4 +178,36 @@ func printLocks(cmd *cobra.Command, locks []lockRow) error {
 // quoteLiteral quotes s as an SQL string literal for display.
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// takeLock takes the advisory lock of run --lock: waiting, or with
+// --no-wait failing at once (exit 75) with the holder's session named.
+func takeLock(ctx context.Context, pool *pgxpool.Pool, o runOptions) (*held, error) {
+	locker, err := pglock.New(pool)
+	if err != nil {
+		return nil, err
+	}
+	var lk *pglock.Lock
+	if o.noWait {
+		lk, err = locker.TryLock(ctx, o.lock)
+	} else {
+		lk, err = locker.Lock(ctx, o.lock)
+	}
+	var he *pglock.HeldError
+	switch {
+	case errors.As(err, &he):
+		return nil, &exitError{code: exitHeld, err: fmt.Errorf("%w (key %d; break it with SELECT pg_terminate_backend(pid))", he, he.Key)}
+	case err != nil:
+		return nil, err
+	}
+	return &held{
+		what: fmt.Sprintf("lock %q (key %d)", lk.Name(), lk.Key()),
+		env: []string{
+			"PGFENCE_LOCK=" + lk.Name(),
+			"PGFENCE_LOCK_KEY=" + strconv.FormatInt(lk.Key(), 10),
+		},
+		done:    lk.Done(),
+		cause:   lk.Err,
+		release: lk.Unlock,
+	}, nil
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/internal/redact"
 )
 
 const rootLong = `pgfence is the operator's tool for pgfence, mutual exclusion on PostgreSQL:
@@ -44,7 +46,7 @@ func execute(args []string) int {
 		ee = &exitError{code: exitUsage, err: err}
 	}
 	if ee.err != nil {
-		fmt.Fprintf(os.Stderr, "pgfence: %v\n", ee.err)
+		fmt.Fprintf(os.Stderr, "pgfence: %v\n", redact.Error(ee.err, connSecrets(root)))
 	}
 	if ee.code == exitUsage && cmd != nil {
 		fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())

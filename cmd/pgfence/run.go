@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/leases"
-	"github.com/pgfence/pgfence/pglock"
 )
 
 // defaultGrace is how long a command gets between SIGTERM and SIGKILL
@@ -305,61 +304,4 @@ func expiresIn(ctx context.Context, pool *pgxpool.Pool, t time.Time) string {
 		return "at " + t.UTC().Format(time.RFC3339)
 	}
 	return human(t.Sub(now))
-}
-
-func takeLock(ctx context.Context, pool *pgxpool.Pool, o runOptions) (*held, error) {
-	locker := pglock.New(pool)
-	var lk *pglock.Lock
-	var err error
-	if o.noWait {
-		lk, err = locker.TryLock(ctx, o.lock)
-	} else {
-		lk, err = locker.Lock(ctx, o.lock)
-	}
-	if err != nil {
-		if errors.Is(err, pglock.ErrLocked) {
-			return nil, &exitError{code: exitHeld, err: fmt.Errorf("lock %q (key %d) is held by %s",
-				o.lock, pglock.Key(o.lock), lockHolder(ctx, pool, pglock.Key(o.lock)))}
-		}
-		return nil, fmt.Errorf("take lock %q: %w", o.lock, err)
-	}
-	return &held{
-		what: fmt.Sprintf("lock %q (key %d)", lk.Name(), lk.Key()),
-		env: []string{
-			"PGFENCE_LOCK=" + lk.Name(),
-			"PGFENCE_LOCK_KEY=" + strconv.FormatInt(lk.Key(), 10),
-		},
-		done:    lk.Done(),
-		cause:   lk.Err,
-		release: lk.Unlock,
-	}, nil
-}
-
-// lockHolder describes the sessions holding key, for the --no-wait message.
-func lockHolder(ctx context.Context, pool *pgxpool.Pool, key int64) string {
-	rows, err := pool.Query(ctx, sqlLockHolder, key)
-	if err != nil {
-		return "another session"
-	}
-	defer rows.Close()
-	var out string
-	for rows.Next() {
-		var pid int32
-		var app, addr string
-		var since *time.Time
-		if err := rows.Scan(&pid, &app, &addr, &since); err != nil {
-			return "another session"
-		}
-		if addr == "" {
-			addr = "local"
-		}
-		if out != "" {
-			out += "; "
-		}
-		out += fmt.Sprintf("pid %d (application %q, client %s)", pid, app, addr)
-	}
-	if out == "" {
-		return "another session (it has just released it)"
-	}
-	return out + " — break it with SELECT pg_terminate_backend(pid)"
 }

@@ -8,54 +8,6 @@ const sqlSchemaPresent = `SELECT to_regclass('pgfence.leases') IS NOT NULL`
 // sqlNow is the database clock, against which lease expiry is judged.
 const sqlNow = `SELECT clock_timestamp()`
 
-// sqlServerVersion is the server's version number (150004 for 15.4).
-const sqlServerVersion = `SELECT current_setting('server_version_num')::int`
-
-// sqlAdvisoryLocks lists the advisory locks of the current database with
-// the sessions holding or awaiting them. Keys taken with the single-bigint
-// form (objsubid = 1) are reassembled from classid (high 32 bits) and objid
-// (low 32 bits); the two-int4 form (objsubid = 2) is not pgfence's and is
-// left out. PostgreSQL does not record when a lock was granted: "since" is
-// pg_locks.waitstart for waiters and pg_stat_activity.state_change for
-// holders (the session's last state change: for an idle session, the lock
-// has been held at least since then; backend_start bounds it from the other
-// side: the lock is no older than its session). %s is the waitstart expression
-// (NULL before PostgreSQL 14).
-const sqlAdvisoryLocks = `
-SELECT (l.classid::bigint << 32) | l.objid::bigint          AS key,
-       l.mode,
-       l.granted,
-       CASE WHEN l.granted THEN a.state_change ELSE %s END     AS since,
-       CASE WHEN l.granted THEN 'state_change' ELSE 'waitstart' END AS since_source,
-       l.pid,
-       coalesce(a.application_name, '')                       AS application_name,
-       coalesce(host(a.client_addr), '')                      AS client_addr,
-       coalesce(a.state, '')                                  AS state,
-       a.backend_start,
-       clock_timestamp()                                      AS now
-  FROM pg_locks AS l
-  LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
- WHERE l.locktype = 'advisory'
-   AND l.objsubid = 1
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
- ORDER BY key, l.granted DESC, since NULLS LAST, l.pid`
-
-// sqlLockHolder names the sessions holding an advisory lock key in the
-// current database (for run --lock --no-wait).
-const sqlLockHolder = `
-SELECT l.pid,
-       coalesce(a.application_name, ''),
-       coalesce(host(a.client_addr), ''),
-       a.state_change
-  FROM pg_locks AS l
-  LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
- WHERE l.locktype = 'advisory'
-   AND l.objsubid = 1
-   AND l.granted
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND ((l.classid::bigint << 32) | l.objid::bigint) = $1
- ORDER BY l.pid`
-
 // Demo schema. The demo's side effect is one row per period in a table
 // protected by the fence guard.
 const (

@@ -50,7 +50,12 @@ var (
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 func Main(m *testing.M, opts ...goleak.Option) {
-	code := m.Run()
+	os.Exit(finish(m.Run(), opts))
+}
+
+// finish stops the server this process provisioned and, when the run
+// passed (code 0), looks for leaked goroutines; it returns the exit code.
+func finish(code int, opts []goleak.Option) int {
 	if srv != nil && srv.stop != nil {
 		if err := srv.stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: stop %s: %v\n", srv.source, err)
@@ -62,7 +67,7 @@ func Main(m *testing.M, opts ...goleak.Option) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Source says where this process's test server came from ("PGFENCE_TEST_DATABASE_URL",

@@ -1,0 +1,36 @@
+package names
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		s    string
+		max  int
+		want string // "" for valid
+	}{
+		{"a", MaxLen, ""},
+		{"billing/nightly-report", MaxLen, ""},
+		{"naïve ✓", MaxLen, ""},
+		{strings.Repeat("n", MaxLen), MaxLen, ""},
+		{"", MaxLen, "must be 1..200 bytes, got 0"},
+		{strings.Repeat("n", MaxLen+1), MaxLen, "must be 1..200 bytes, got 201"},
+		{"abcd", 3, "must be 1..3 bytes, got 4"},
+		{"a\x00b", MaxLen, "must not contain NUL (byte 1)"},
+		{"ab\xffc", MaxLen, "must be valid UTF-8 (bad byte at 2)"},
+		{"\uFFFDx\xc3", MaxLen, "must be valid UTF-8 (bad byte at 4)"}, // an encoded U+FFFD is valid
+	}
+	for _, c := range cases {
+		err := Check(c.s, c.max)
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("Check(%q, %d) = %q, want %q", c.s, c.max, got, c.want)
+		}
+	}
+}

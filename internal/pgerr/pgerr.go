@@ -1,0 +1,81 @@
+// Package pgerr turns PostgreSQL errors into advice: it maps SQLSTATEs to
+// the hint an operator needs ("run `pgfence migrate up`"), in one place for
+// pglock, leases, fencing and the pgfence command. Errors are read by
+// SQLSTATE from *pgconn.PgError, never by message text.
+package pgerr
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SQLSTATEs pgfence reads.
+const (
+	InvalidSchemaName      = "3F000" // schema pgfence does not exist
+	UndefinedTable         = "42P01" // pgfence.leases does not exist
+	UndefinedFunction      = "42883" // pgfence.lock_key, try_acquire, ... do not exist
+	InsufficientPrivilege  = "42501"
+	ReadOnlySQLTransaction = "25006" // a standby, or default_transaction_read_only
+	LockNotAvailable       = "55P03" // lock_timeout expired
+	QueryCanceled          = "57014" // a cancel request or statement_timeout
+	AdminShutdown          = "57P01" // pg_terminate_backend or a server shutdown
+)
+
+// Hints, one per cause. They are advice, so they live here and in the
+// docs, never in sentinel errors.
+const (
+	HintNotMigrated = "schema pgfence not found: run `pgfence migrate up`"
+	HintPrivileges  = "the role lacks privileges on schema pgfence: GRANT pgfence_client (or pgfence_operator, for force-release, fence bump and check) TO it"
+	HintStandby     = "connected to a standby (read-only): use the primary, e.g. a multi-host connection string with target_session_attrs=read-write"
+	HintLockTimeout = "the session's lock_timeout ended the wait"
+	HintTerminated  = "the server ended the session (pg_terminate_backend or a shutdown)"
+)
+
+// Code returns the SQLSTATE of the first *pgconn.PgError in err's chain,
+// or "" if there is none.
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// Hint returns the advice for err's SQLSTATE, or "" when none is known.
+func Hint(err error) string {
+	switch Code(err) {
+	case InvalidSchemaName, UndefinedTable, UndefinedFunction:
+		return HintNotMigrated
+	case InsufficientPrivilege:
+		return HintPrivileges
+	case ReadOnlySQLTransaction:
+		return HintStandby
+	case LockNotAvailable:
+		return HintLockTimeout
+	case AdminShutdown:
+		return HintTerminated
+	}
+	return ""
+}
+
+// WithHint returns err prefixed with its hint ("<hint>: <err>", still
+// wrapping err), or err itself when no hint is known. Wrap it once more
+// with the operation: fmt.Errorf("leases: get %q: %w", name, WithHint(err)).
+func WithHint(err error) error {
+	if h := Hint(err); h != "" {
+		return fmt.Errorf("%s: %w", h, err)
+	}
+	return err
+}
+
+// Permanent reports whether err will not go away by retrying the same
+// call: the pgfence schema or a privilege on it is missing.
+func Permanent(err error) bool {
+	switch Code(err) {
+	case InvalidSchemaName, UndefinedTable, UndefinedFunction, InsufficientPrivilege:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,47 @@
+package pgerr
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestHint(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error {
+		return fmt.Errorf("query: %w", &pgconn.PgError{Severity: "ERROR", Code: code, Message: "m"})
+	}
+	cases := []struct {
+		err       error
+		hint      string
+		permanent bool
+	}{
+		{pg(InvalidSchemaName), HintNotMigrated, true},
+		{pg(UndefinedTable), HintNotMigrated, true},
+		{pg(UndefinedFunction), HintNotMigrated, true},
+		{pg(InsufficientPrivilege), HintPrivileges, true},
+		{pg(ReadOnlySQLTransaction), HintStandby, false},
+		{pg(LockNotAvailable), HintLockTimeout, false},
+		{pg(AdminShutdown), HintTerminated, false},
+		{pg("23505"), "", false},
+		{errors.New("no SQLSTATE"), "", false},
+		{nil, "", false},
+	}
+	for _, c := range cases {
+		if got := Hint(c.err); got != c.hint {
+			t.Errorf("Hint(%v) = %q, want %q", c.err, got, c.hint)
+		}
+		if got := Permanent(c.err); got != c.permanent {
+			t.Errorf("Permanent(%v) = %v, want %v", c.err, got, c.permanent)
+		}
+		wrapped := WithHint(c.err)
+		if !errors.Is(wrapped, c.err) {
+			t.Errorf("WithHint(%v) = %v does not wrap it", c.err, wrapped)
+		}
+		if c.hint != "" && wrapped.Error() != c.hint+": "+c.err.Error() {
+			t.Errorf("WithHint(%v) = %q", c.err, wrapped)
+		}
+	}
+}

@@ -1,0 +1,70 @@
+package pglock
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// telemetry is the one place a Locker reports what happens: every metric
+// and every log record goes through these methods, so that the
+// measurements and the logs always tell the same story.
+type telemetry struct {
+	m   *metrics
+	log *slog.Logger
+}
+
+// waitFailed records an acquire that began at start and ended without a
+// lock.
+func (t *telemetry) waitFailed(ctx context.Context, name string, md mode, o waitOutcome, start time.Time) {
+	t.m.recordWait(ctx, name, md, o, start, time.Now())
+}
+
+// acquired records the grant of lk, asked for at start.
+func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.Time) {
+	t.m.recordWait(ctx, lk.name, md, waitAcquired, start, lk.since)
+	if t.log.Enabled(ctx, slog.LevelDebug) {
+		t.log.Debug("pglock: lock acquired", slog.String("name", lk.name), slog.Int64("key", lk.key),
+			slog.String("mode", modeName(lk.shared)), slog.Uint64("pid", uint64(lk.pid)),
+			slog.Duration("waited", lk.since.Sub(start)))
+	}
+}
+
+// unlocked records the end of lk's hold by Unlock.
+func (t *telemetry) unlocked(lk *Lock) {
+	now := time.Now()
+	t.m.recordHold(lk.name, lk.shared, false, lk.since, now)
+	if t.log.Enabled(context.Background(), slog.LevelDebug) {
+		t.log.Debug("pglock: lock released", slog.String("name", lk.name), slog.Int64("key", lk.key),
+			slog.String("mode", modeName(lk.shared)), slog.Duration("held", now.Sub(lk.since)))
+	}
+}
+
+// unlockFailed records an Unlock that Do ran and that failed; the
+// connection was destroyed, which released the lock.
+func (t *telemetry) unlockFailed(lk *Lock, err error) {
+	t.log.Warn("pglock: unlock failed; its connection was closed, which released the lock",
+		slog.String("name", lk.name), slog.Int64("key", lk.key), slog.Any("err", err))
+}
+
+// lost records the end of lk's hold by loss, for reason why (err, if not
+// nil, is what showed it).
+func (t *telemetry) lost(lk *Lock, why lostCause, err error) {
+	now := time.Now()
+	t.m.recordHold(lk.name, lk.shared, true, lk.since, now)
+	t.m.recordLost(lk.name, lk.shared, why)
+	attrs := []any{
+		slog.String("name", lk.name), slog.Int64("key", lk.key), slog.Uint64("pid", uint64(lk.pid)),
+		slog.String("cause", lostCauseNames[why]), slog.Duration("held", now.Sub(lk.since)),
+	}
+	if err != nil {
+		attrs = append(attrs, slog.Any("err", err))
+	}
+	t.log.Warn("pglock: lock lost", attrs...)
+}
+
+// destroyed records that the connection of backend pid was closed because
+// its lock state was in doubt.
+func (t *telemetry) destroyed(name string, pid uint32, why string) {
+	t.log.Debug("pglock: connection destroyed", slog.String("name", name), slog.Uint64("pid", uint64(pid)), slog.String("why", why))
+}

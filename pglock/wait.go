@@ -1,0 +1,135 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A blocking acquire whose caller gives up must not leave a backend queued
+// behind the holder. Closing the connection does not do it: a backend
+// waiting for a lock does not read its socket, so it stays in the lock's
+// queue until it is granted (and then holds the lock until it notices the
+// closed socket). pgx sends a cancel request when it closes a connection,
+// but from a background goroutine that a process on its way out never
+// runs, over a new connection that a proxy or a broken network may lose.
+// So the wait is ended explicitly, and Lock returns only when the server
+// has confirmed it (or the unlock timeout has passed):
+//
+//  1. A deadline travels with the statement as its lock_timeout; the
+//     server ends the wait by itself at the deadline.
+//  2. Otherwise, or if that answer is late, pglock sends a cancel request
+//     and waits for the statement's answer.
+//  3. If the cancel request was lost, pglock cancels the waiting backend
+//     from another of the pool's connections (pg_cancel_backend, only if
+//     that backend is waiting for this very key).
+//  4. If nothing answers within the unlock timeout, the connection is
+//     closed anyway; the server then ends the wait when it next looks at
+//     the session.
+
+// answerWait is how long an abandoned wait waits for the server's answer
+// to end it (its own lock_timeout, then the cancel request) before trying
+// the next way. An answer normally takes a round trip; the next way is
+// harmless if the answer was only slow.
+const answerWait = 250 * time.Millisecond
+
+// wait runs the blocking acquire of key on conn. If ctx ends before the
+// statement does, it returns only after the wait is over on the server
+// (see above), with abandoned true; the caller must then destroy conn,
+// whatever err says.
+func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, key int64, shared bool) (pid uint32, abandoned bool, err error) {
+	sql := sqlLock
+	if shared {
+		sql = sqlLockShared
+	}
+	timeout := lockTimeout(ctx)
+	finished := make(chan struct{})
+	cleaned := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cleaned)
+		byServer := timeout != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
+		l.abandon(conn, key, byServer, finished)
+	})
+	// The statement runs without ctx's cancellation: pgx would close the
+	// connection at once and leave the backend waiting. abandon ends it.
+	err = conn.QueryRow(context.WithoutCancel(ctx), sql, key, timeout).Scan(&pid, nil)
+	close(finished)
+	if !stop() {
+		<-cleaned
+		return pid, true, err
+	}
+	return pid, false, err
+}
+
+// lockTimeout renders ctx's remaining time as a lock_timeout setting,
+// rounded up to the millisecond, or nil when ctx has no deadline (or one
+// beyond what lock_timeout can express).
+func lockTimeout(ctx context.Context) *string {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return nil
+	}
+	ms := (time.Until(deadline) + time.Millisecond - 1).Milliseconds()
+	if ms > math.MaxInt32 {
+		return nil
+	}
+	s := strconv.FormatInt(max(ms, 1), 10) + "ms" // 0 would mean no timeout
+	return &s
+}
+
+// abandon ends the wait of conn for key after its context ended; finished
+// closes when the statement has returned. byServer says that the statement
+// carries the deadline as its lock_timeout. It returns when the statement
+// has returned or the unlock timeout has passed; in the latter case it
+// makes the statement fail by closing the socket for reading.
+func (l *Locker) abandon(conn *pgxpool.Conn, key int64, byServer bool, finished <-chan struct{}) {
+	deadline := time.Now().Add(l.cfg.unlockTimeout)
+	answered := func(d time.Duration) bool {
+		t := time.NewTimer(max(d, 0))
+		defer t.Stop()
+		select {
+		case <-finished:
+			return true
+		case <-t.C:
+			return false
+		}
+	}
+	pg := conn.Conn().PgConn()
+	if byServer && answered(min(answerWait, time.Until(deadline))) {
+		return
+	}
+	if !l.hooks.noCancelRequest {
+		cctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := pg.CancelRequest(cctx)
+		cancel()
+		if err == nil && answered(min(answerWait, time.Until(deadline))) {
+			return
+		}
+	}
+	// The cancel request was lost (or refused): cancel the backend from
+	// another connection, retrying while the pool has none to spare.
+	for {
+		qctx, cancel := context.WithDeadline(context.Background(), deadline)
+		_, err := l.pool.Exec(qctx, sqlCancelWaiter, int32(pg.PID()), key)
+		cancel()
+		if err == nil {
+			if answered(time.Until(deadline)) {
+				return
+			}
+			break
+		}
+		if answered(min(20*time.Millisecond, time.Until(deadline))) {
+			return
+		}
+		if !time.Now().Before(deadline) {
+			break
+		}
+	}
+	// Nothing answered: fail the statement now; the caller destroys conn.
+	_ = pg.Conn().SetReadDeadline(aLongTimeAgo)
+	<-finished
+}
