@@ -39,14 +39,10 @@ func resolveCommand(name string) (string, error) {
 	return "", &exitError{code: exitCannotExec, err: fmt.Errorf("cannot execute %s: %w", name, err)}
 }
 
-// startChild starts the reaper, which starts the command cfg describes.
-// Exit statuses are the command's (the reaper passes them on); 126/127 when
-// it cannot be started.
-func startChild(cfg reaperConfig, stdin io.Reader, stdout, stderr io.Writer) (*child, error) {
-	conf, err := json.Marshal(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("reaper configuration: %w", err)
-	}
+// startReaper starts the reaper, which waits for start to tell it what to
+// run. It is started before the lease's first deadline is taken, so that
+// the time it takes to start up does not count against the deadline.
+func startReaper(stdin io.Reader, stdout, stderr io.Writer) (*child, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("reaper control pipe: %w", err)
@@ -66,8 +62,25 @@ func startChild(cfg reaperConfig, stdin io.Reader, stdout, stderr io.Writer) (*c
 	}
 	c := &child{reaper: cmd, ctl: w, exited: make(chan error, 1)}
 	go func() { c.exited <- cmd.Wait() }()
-	c.send(string(conf))
 	return c, nil
+}
+
+// start has the reaper start the command cfg describes. The exit status
+// supervise returns is then the command's; 126/127 when it cannot be
+// started.
+func (c *child) start(cfg reaperConfig) error {
+	conf, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("reaper configuration: %w", err)
+	}
+	c.send(string(conf))
+	return nil
+}
+
+// abandon ends a reaper that was given no command, and waits for it.
+func (c *child) abandon() {
+	_ = c.ctl.Close()
+	<-c.exited
 }
 
 // send writes one control message. A reaper that has exited cannot read

@@ -102,6 +102,9 @@ func reap(ctl *os.File, stderr io.Writer) error {
 	syscall.CloseOnExec(int(ctl.Fd())) // not for the command
 	in := bufio.NewReader(ctl)
 	line, err := in.ReadString('\n')
+	if errors.Is(err, io.EOF) {
+		return &exitError{code: exitFailure} // pgfence gave up before the command started, and says why
+	}
 	r := &reaper{stderr: stderr, status: -1}
 	if err == nil {
 		err = json.Unmarshal([]byte(line), &r.cfg)
@@ -112,6 +115,8 @@ func reap(ctl *os.File, stderr io.Writer) error {
 	if err := becomeSubreaper(); err != nil {
 		return fmt.Errorf("reaper: PR_SET_CHILD_SUBREAPER: %w", err)
 	}
+	msgs := make(chan string, 8)
+	go readControl(in, msgs) // ends with the process: blocked reading pgfence's pipe
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwardedSignals...)
 	started := make(chan error, 1)
@@ -121,8 +126,6 @@ func reap(ctl *os.File, stderr io.Writer) error {
 		return err
 	}
 	r.deadline = r.cfg.Deadline
-	msgs := make(chan string, 8)
-	go readControl(in, msgs) // ends with the process: blocked reading pgfence's pipe
 	return r.loop(msgs, sigs, reaped)
 }
 
@@ -190,12 +193,9 @@ func (r *reaper) loop(msgs <-chan string, sigs <-chan os.Signal, reaped <-chan w
 		}
 		select {
 		case m, ok := <-msgs:
-			if !ok {
+			if !r.receive(m, ok) {
 				msgs = nil
-				r.terminate(r.cfg.OrphanGrace, "pgfence exited while the command ran")
-				continue
 			}
-			r.handle(m)
 		case s := <-sigs:
 			r.signalGroup(s.(syscall.Signal))
 		case ev := <-reaped:
@@ -213,9 +213,40 @@ func (r *reaper) loop(msgs <-chan string, sigs <-chan os.Signal, reaped <-chan w
 				r.terminate(r.cfg.Grace, fmt.Sprintf("the command exited and left %d processes running", n))
 			}
 		case <-timer.C:
-			r.due()
+			// A newer deadline may be waiting (the reaper was slow to
+			// run): read what pgfence has sent before acting.
+			msgs = r.drain(msgs)
+			if d, ok := r.nextTimer(); r.killed || ok && d <= 0 {
+				r.due()
+			}
 		}
 	}
+}
+
+// drain handles the control messages already received, and returns msgs,
+// or nil once pgfence has exited.
+func (r *reaper) drain(msgs <-chan string) <-chan string {
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !r.receive(m, ok) {
+				return nil
+			}
+		default:
+			return msgs
+		}
+	}
+}
+
+// receive handles what a receive from msgs gave; false means that pgfence
+// has exited (msgs is closed).
+func (r *reaper) receive(m string, ok bool) bool {
+	if !ok {
+		r.terminate(r.cfg.OrphanGrace, "pgfence exited while the command ran")
+		return false
+	}
+	r.handle(m)
+	return true
 }
 
 // handle acts on one control message from pgfence.

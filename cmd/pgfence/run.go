@@ -227,6 +227,10 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 // a lease and passing each new local deadline on (deadline.go), and returns
 // its exit status.
 func runChild(ctx context.Context, h *held, o runOptions, path string, args []string, sigs <-chan os.Signal, stderr io.Writer) (int, error) {
+	c, err := startReaper(os.Stdin, os.Stdout, os.Stderr)
+	if err != nil {
+		return 0, err
+	}
 	cfg := reaperConfig{Path: path, Args: args, Env: append(os.Environ(), h.env...), What: h.what, Grace: o.grace}
 	var deadlines chan int64 // nil for a lock: no deadline
 	var r *renewer
@@ -234,12 +238,13 @@ func runChild(ctx context.Context, h *held, o runOptions, path string, args []st
 		r = newRenewer(h.lease, o.grace)
 		d, err := r.first(ctx)
 		if err != nil {
+			c.abandon()
 			return 0, fmt.Errorf("%s: lost before the command started: %w", h.what, err)
 		}
 		cfg.Deadline, cfg.OrphanGrace, deadlines = d, o.grace, r.deadlines
 	}
-	c, err := startChild(cfg, os.Stdin, os.Stdout, os.Stderr)
-	if err != nil {
+	if err := c.start(cfg); err != nil {
+		c.abandon()
 		return 0, err
 	}
 	if r != nil {
