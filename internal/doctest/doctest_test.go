@@ -115,7 +115,7 @@ func report(t *testing.T, what string, errs []error, checked int) {
 func TestGoBlocksCatchDrift(t *testing.T) {
 	t.Parallel()
 	m, _ := setup(t)
-	d, err := Parse("drift.md", "# drift\n\n```go\nlocker := pglock.New(pool)\n_ = locker.NoSuchMethod(ctx)\n```\n\n```go\nfunc f() error {\n\treturn fencing.InTx(ctx, pool, 42, nil)\n}\n```\n\n<!-- not-checked: deliberately broken -->\n```go\nthis is not Go\n```\n")
+	d, err := Parse("drift.md", "# drift\n\n```go\nlocker, _ := pglock.New(pool)\n_ = locker.NoSuchMethod(ctx)\n```\n\n```go\nfunc f() error {\n\treturn fencing.InTx(ctx, pool, 42, nil)\n}\n```\n\n<!-- not-checked: deliberately broken -->\n```go\nthis is not Go\n```\n")
 	if err != nil {
 		t.Fatal(err)
 	}
