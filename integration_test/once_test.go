@@ -67,16 +67,7 @@ func TestOncePerPeriod(t *testing.T) {
 	})
 	sleeper.kill(syscall.SIGCONT)
 
-	var wg sync.WaitGroup
-	for _, w := range alive {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.await("done", 3*time.Minute)
-			w.finish(30 * time.Second)
-		}()
-	}
-	wg.Wait()
+	awaitDone(alive)
 	if t.Failed() {
 		return
 	}
@@ -139,6 +130,21 @@ func TestOncePerPeriod(t *testing.T) {
 		}
 	}
 	t.Logf("%d workers × %d periods in %v, one killed, one frozen", workers, periods, elapsed.Round(time.Millisecond))
+}
+
+// awaitDone waits, for each worker of ws in parallel, for its "done"
+// event, and then for it to exit.
+func awaitDone(ws []*worker) {
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.await("done", 3*time.Minute)
+			w.finish(30 * time.Second)
+		}()
+	}
+	wg.Wait()
 }
 
 // firstInside returns the first of ws to report "running" for a period

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -62,16 +61,7 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 	})
 	sleeper.kill(syscall.SIGCONT)
 
-	var wg sync.WaitGroup
-	for _, w := range alive {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.await("done", 3*time.Minute)
-			w.finish(30 * time.Second)
-		}()
-	}
-	wg.Wait()
+	awaitDone(alive)
 	if t.Failed() {
 		return
 	}
