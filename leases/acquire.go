@@ -117,6 +117,17 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 
 // acquire is Acquire after validation.
 func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	return c.await(ctx, name, true, func(ctx context.Context) (*Lease, Info, time.Duration, error) {
+		return c.grant(ctx, name, ttl)
+	})
+}
+
+// await queues up as a waiter on name (a lease's, or a semaphore's)
+// and, once head, calls try until it grants a lease, sleeping between
+// attempts as Acquire describes. exclusive says that one grant at a time
+// exists for name, so that no attempt is made while this client holds it.
+func (c *Client) await(ctx context.Context, name string, exclusive bool,
+	try func(ctx context.Context) (*Lease, Info, time.Duration, error)) (*Lease, error) {
 	w := c.enqueue(name)
 	defer c.dequeue(name, w)
 	// Become head.
@@ -130,7 +141,7 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for attempt := 0; ; attempt++ {
-		if c.holdsLocally(name) {
+		if exclusive && c.holdsLocally(name) {
 			// Another caller of this client holds it: an attempt could
 			// only fail. Its release, or its loss, wakes this queue; the
 			// poll interval bounds the wait in any case.
@@ -149,7 +160,7 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 			continue
 		}
 		c.want(ctx, name) // before the attempt: see interest.go
-		l, holder, remaining, err := c.grant(ctx, name, ttl)
+		l, holder, remaining, err := try(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
@@ -237,22 +248,31 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		if !granted {
 			return nil, info, remaining, nil
 		}
-		l := c.newLease(info, ttl, time.Now())
-		if err := c.register(l, start); err != nil {
-			l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			defer cancel()
-			_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
-			return nil, Info{}, 0, fmt.Errorf("acquire %q: %w", name, err)
-		}
-		if c.log.Enabled(ctx, slog.LevelDebug) {
-			c.log.Debug("leases: acquired", "name", name, "owner", owner, "fence", info.Fence, "ttl", ttl)
-		}
-		return l, info, remaining, nil
+		l, err := c.granted(ctx, info, ttl, start, "", 0)
+		return l, info, remaining, err
 	}
 	// Three snapshots in a row missed a holder that keeps changing; report
 	// it as held, with a short retry.
 	return nil, Info{Name: name}, 0, nil
+}
+
+// granted keeps alive the grant info of ttl, whose request began at start,
+// as a Lease: of slot slot of semaphore sem, if sem is not empty. If Close
+// has begun, it ends the grant and fails with ErrClosed.
+func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, start time.Time, sem string, slot int) (*Lease, error) {
+	l := c.newLease(info, ttl, time.Now())
+	l.sem, l.slot = sem, slot
+	if err := c.register(l, start); err != nil {
+		l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
+		return nil, fmt.Errorf("acquire %q: %w", info.Name, err)
+	}
+	if c.log.Enabled(ctx, slog.LevelDebug) {
+		c.log.Debug("leases: acquired", "name", info.Name, "owner", info.Owner, "fence", info.Fence, "ttl", ttl)
+	}
+	return l, nil
 }
 
 func (c *Client) newLease(info Info, ttl time.Duration, since time.Time) *Lease {

@@ -327,7 +327,7 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 		return dbError(op, err)
 	}
 	for _, l := range ls {
-		c.wakeQueue(l.name)
+		c.wakeQueue(l.queue())
 	}
 	return nil
 }

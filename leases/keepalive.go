@@ -99,7 +99,7 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.mu.Unlock()
 	c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
 		"cause", lostCauseNames[why], "held", end.Sub(l.since), "err", cause)
-	c.wakeQueue(l.name)
+	c.wakeQueue(l.queue())
 }
 
 // onDeadline runs when l's deadline timer fires.

@@ -32,6 +32,8 @@ type Lease struct {
 	since  time.Time // local clock when the grant was received: hold duration
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	sem    string // the semaphore whose slot this grant is; "" for a lease
+	slot   int    // the slot's number, from 1; 0 for a lease
 
 	// Guarded by c.mu.
 	state      leaseState
@@ -40,6 +42,7 @@ type Lease struct {
 	deadline   time.Time // local, monotonic: last request start + ttl - margin
 	nextRenew  time.Time // local, monotonic: last request start + ttl/3
 	timer      *time.Timer
+	minHold    time.Duration // HoldAtLeast: Release keeps the grant until acquiredAt + minHold
 	// releaseNotified is when a release notification for this name arrived
 	// (or this client force-released it); zero once a renewal that started
 	// later succeeded. A loss found while it is set is attributed to a
@@ -173,15 +176,21 @@ func (l *Lease) Release(ctx context.Context) error {
 				delete(c.releasing, l.name)
 			}
 			c.mu.Unlock()
-			c.wakeQueue(l.name)
+			c.wakeQueue(l.queue())
 		}()
 	}
 	notified := !l.releaseNotified.IsZero()
+	minHold := l.minHold
 	c.mu.Unlock()
 	end := time.Now()
 
 	var live *bool
-	err := c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
+	var err error
+	if minHold > 0 {
+		err = c.pool.QueryRow(ctx, c.releaseAtLeastSQL(), l.name, l.owner, l.fence, minHold.Microseconds()).Scan(&live, new(string))
+	} else {
+		err = c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
+	}
 	switch {
 	case err == nil && live == nil && !wasHeld:
 		// An earlier Release (or Close) that reported an error ended it.

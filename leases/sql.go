@@ -87,4 +87,32 @@ const (
 	// tests before it notifies. $1 is an int4[] of waitKey values.
 	sqlWant   = `SELECT count(pg_advisory_lock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
 	sqlUnwant = `SELECT count(pg_advisory_unlock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
+
+	// sqlReleaseAtLeast ends one grant no sooner than its acquired_at + $4
+	// µs (HoldAtLeast); committed like sqlRelease.
+	sqlReleaseAtLeast = `SELECT pgfence.release_at_least($1, $2, $3, $4), set_config('synchronous_commit', 'off', true)`
+
+	// sqlReleaseAtLeastDurable is sqlReleaseAtLeast committing as
+	// configured.
+	sqlReleaseAtLeastDurable = `SELECT pgfence.release_at_least($1, $2, $3, $4), ''`
+
+	// sqlGrantSlot: one attempt at a slot of semaphore $1 with $2 slots
+	// (migration 6). As sqlGrant, plus the slot's number and lease name;
+	// lease NULL (not granted): no slot was free to take; ask again soon.
+	sqlGrantSlot = `SELECT granted, slot, lease, holder, fence, acquired_at, renewed_at, expires_at, remaining_us
+  FROM pgfence.try_acquire_slot($1, $2, $3, $4)`
+
+	// sqlSlots reads the live grants of semaphore $1's slots 1..$2.
+	sqlSlots = `SELECT l.name, l.owner, l.fence, l.acquired_at, l.renewed_at, l.expires_at
+  FROM generate_series(1, $2::int) AS s(k)
+  JOIN pgfence.leases AS l ON l.name = $1 || '#' || s.k
+ WHERE l.expires_at > clock_timestamp()
+ ORDER BY s.k`
+
+	// sqlOnceDone reads the record of period $2 of job $1, if any.
+	sqlOnceDone = `SELECT fence, done_at FROM pgfence.once WHERE name = $1 AND period = $2`
+
+	// sqlMarkDone records period $2 of lease $1 as done, in the caller's
+	// fenced transaction: true recorded, false recorded before.
+	sqlMarkDone = `SELECT pgfence.mark_done($1, $2)`
 )

@@ -16,15 +16,21 @@ func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 func invalid(msg string) error { return &invalidError{msg: msg} }
 
 func validateName(name string) error {
+	return validateText("lease name", name, MaxNameLen)
+}
+
+// validateText checks a name-like input: 1 to max bytes of UTF-8 without
+// NUL; what names it in the error.
+func validateText(what, s string, max int) error {
 	switch {
-	case name == "":
-		return invalid("leases: lease name must not be empty")
-	case len(name) > MaxNameLen:
-		return invalid(fmt.Sprintf("leases: lease name must be at most %d bytes, got %d", MaxNameLen, len(name)))
-	case strings.IndexByte(name, 0) >= 0:
-		return invalid(fmt.Sprintf("leases: lease name must not contain NUL, got %q", name))
-	case !utf8.ValidString(name):
-		return invalid(fmt.Sprintf("leases: lease name must be valid UTF-8, got %q", name))
+	case s == "":
+		return invalid(fmt.Sprintf("leases: %s must not be empty", what))
+	case len(s) > max:
+		return invalid(fmt.Sprintf("leases: %s must be at most %d bytes, got %d", what, max, len(s)))
+	case strings.IndexByte(s, 0) >= 0:
+		return invalid(fmt.Sprintf("leases: %s must not contain NUL, got %q", what, s))
+	case !utf8.ValidString(s):
+		return invalid(fmt.Sprintf("leases: %s must be valid UTF-8, got %q", what, s))
 	}
 	return nil
 }
@@ -37,17 +43,7 @@ func validateTTL(ttl time.Duration) error {
 }
 
 func validateOwner(id string) error {
-	switch {
-	case id == "":
-		return invalid("leases: owner id must not be empty")
-	case len(id) > MaxOwnerLen:
-		return invalid(fmt.Sprintf("leases: owner id must be at most %d bytes, got %d", MaxOwnerLen, len(id)))
-	case strings.IndexByte(id, 0) >= 0:
-		return invalid(fmt.Sprintf("leases: owner id must not contain NUL, got %q", id))
-	case !utf8.ValidString(id):
-		return invalid(fmt.Sprintf("leases: owner id must be valid UTF-8, got %q", id))
-	}
-	return nil
+	return validateText("owner id", id, MaxOwnerLen)
 }
 
 // margin is the safety margin subtracted from the TTL to get the local

@@ -1,0 +1,245 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/fencing"
+)
+
+// Once per period: a job (a lease name, "billing/nightly") runs at most
+// once per period key ("2026-12-01") across every replica, and the fact
+// that a period is done is a row of pgfence.once written by
+// pgfence.mark_done (migration 6) under the lease's fence:
+//
+//   - Every replica calls Once (or OnceTx) for the period. All but one
+//     wait for the lease; the holder checks the record, runs fn if the
+//     period is not done, records it and releases; each waiter then takes
+//     the lease, finds the record and returns without running fn.
+//   - The record is written in a fenced transaction (pgfence.token_fence
+//     checks the token and share-locks the lease row until commit): only
+//     the current, unexpired grant can record, a stalled former holder's
+//     record is rejected (fencing.ErrStale), and a later grant of the lease
+//     commits only after the record has, so whoever holds the lease sees
+//     every record that will ever be made by an earlier holder.
+//   - A crash, a lost lease or an error before the record commits leaves
+//     the period not done: the next holder runs it.
+//
+// OnceTx runs fn inside that same transaction, so effects in the same
+// database and the record commit together or not at all: exactly once.
+// Once runs fn outside any transaction (effects elsewhere, jobs longer
+// than the TTL) and records afterwards: a crash between the effect and the
+// record makes the next holder run the period again, so external effects
+// must be idempotent or carry the fence (Lease.Token) to a system that
+// rejects stale ones.
+
+// MaxPeriodLen is the longest period key, in bytes.
+const MaxPeriodLen = 200
+
+// errAlreadyDone rolls back OnceTx's transaction when the period turns out
+// to be recorded already.
+var errAlreadyDone = errors.New("leases: period already done")
+
+// OnceOption configures Once and OnceTx.
+type OnceOption func(*onceConfig) error
+
+type onceConfig struct {
+	atLeast time.Duration
+}
+
+// AtLeast sets a minimum hold for the grant under which the period runs
+// (Lease.HoldAtLeast): the lease stays taken until acquired_at + d by the
+// database clock, however fast fn is. Default 0 (off); valid 0 to 24h.
+func AtLeast(d time.Duration) OnceOption {
+	return func(c *onceConfig) error {
+		if d < 0 || d > maxHold {
+			return invalid(fmt.Sprintf("leases: minimum hold must be between 0 and %s, got %s", maxHold, d))
+		}
+		c.atLeast = d
+		return nil
+	}
+}
+
+// OnceRecord is the record of a period done.
+type OnceRecord struct {
+	Name   string    // the job's lease name
+	Period string    // the period key
+	Fence  int64     // the fence of the grant that recorded it
+	DoneAt time.Time // database clock
+}
+
+// Once runs fn at most once for period of the job name across all clients
+// of the database: it returns (true, nil) when this call ran fn and
+// recorded the period, (false, nil) when the period was done already (or
+// was done by another replica while this call waited for the lease), and
+// (false, err) when fn or the database failed — the period is then not
+// done, and the next caller runs it. fn runs under the lease name (ttl)
+// with a context that ends when ctx ends or the lease is lost; after fn
+// returns nil, Once records the period in a fenced transaction. If the
+// lease was lost before the record committed, Once takes the lease again
+// and, unless someone else recorded the period meanwhile, runs fn again:
+// fn's effects must tolerate a repeat (see the package documentation), or
+// use OnceTx. ctx bounds the whole call, waiting included.
+func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duration,
+	fn func(ctx context.Context, l *Lease) error, opts ...OnceOption) (bool, error) {
+	if fn == nil {
+		return false, invalid("leases: fn must not be nil")
+	}
+	return c.once(ctx, name, period, ttl, opts, func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
+		// Under the lease, every earlier holder's record has committed.
+		if _, done, err := c.OnceDone(ctx, name, period); err != nil || done {
+			return false, err
+		}
+		if err := l.HoldAtLeast(cfg.atLeast); err != nil {
+			return false, err
+		}
+		if err := fn(ctx, l); err != nil {
+			return false, err
+		}
+		var recorded bool
+		err := fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
+			var err error
+			recorded, err = MarkDone(ctx, tx, name, period)
+			return err
+		})
+		return recorded && err == nil, err
+	})
+}
+
+// OnceTx runs fn at most once for period of the job name across all
+// clients, inside a fenced transaction (fencing.InTx with the lease's
+// token) that also records the period: fn's writes to the same database
+// and the record commit together or not at all, so the period's effects
+// there happen exactly once. Results are Once's. tx is the transaction;
+// fn must not commit or roll it back. The transaction share-locks the
+// lease row, which blocks the lease's renewal: fn must finish well within
+// the TTL (less the safety margin, TTL/10), or the lease is lost and the
+// transaction rolled back. If the lease is lost before the commit, OnceTx
+// takes the lease again and tries again, unless another replica recorded
+// the period meanwhile.
+func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Duration,
+	fn func(ctx context.Context, tx pgx.Tx, l *Lease) error, opts ...OnceOption) (bool, error) {
+	if fn == nil {
+		return false, invalid("leases: fn must not be nil")
+	}
+	return c.once(ctx, name, period, ttl, opts, func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
+		err := fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
+			recorded, err := MarkDone(ctx, tx, name, period)
+			switch {
+			case err != nil:
+				return err
+			case !recorded:
+				return errAlreadyDone
+			}
+			if err := l.HoldAtLeast(cfg.atLeast); err != nil {
+				return err
+			}
+			return fn(ctx, tx, l)
+		})
+		if errors.Is(err, errAlreadyDone) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+}
+
+// once validates, skips a period already done, and runs body under the
+// lease until body reports the period done by it or by someone else,
+// fails, or ctx ends. A lost lease or stale token means nothing was
+// recorded by this grant: it takes the lease again.
+func (c *Client) once(ctx context.Context, name, period string, ttl time.Duration, opts []OnceOption,
+	body func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error)) (bool, error) {
+	if err := validate(name, ttl); err != nil {
+		return false, err
+	}
+	if err := validatePeriod(period); err != nil {
+		return false, err
+	}
+	var cfg onceConfig
+	for _, opt := range opts {
+		if opt == nil {
+			return false, invalid("leases: once option must not be nil")
+		}
+		if err := opt(&cfg); err != nil {
+			return false, err
+		}
+	}
+	if _, done, err := c.OnceDone(ctx, name, period); err != nil || done {
+		return false, err
+	}
+	for {
+		l, err := c.Acquire(ctx, name, ttl)
+		if err != nil {
+			return false, err
+		}
+		var ran bool
+		err = c.runHeld(ctx, l, func(ctx context.Context, l *Lease) error {
+			var err error
+			ran, err = body(ctx, l, cfg)
+			return err
+		})
+		switch {
+		case ran:
+			// Recorded under this grant, which was live until then (a
+			// grant never comes back once expired): whatever happened to
+			// the lease afterwards does not matter.
+			return true, nil
+		case err == nil:
+			return false, nil
+		case ctx.Err() == nil && (errors.Is(err, ErrLost) || fencing.IsStale(err)):
+			c.log.Warn("leases: lease lost before the period was recorded; trying again", "name", name, "period", period, "fence", l.Fence(), "err", err)
+			continue
+		}
+		return false, err
+	}
+}
+
+// OnceDone returns the record of period of the job name, and whether there
+// is one. ctx bounds the query.
+func (c *Client) OnceDone(ctx context.Context, name, period string) (OnceRecord, bool, error) {
+	if err := validateName(name); err != nil {
+		return OnceRecord{}, false, err
+	}
+	if err := validatePeriod(period); err != nil {
+		return OnceRecord{}, false, err
+	}
+	rec := OnceRecord{Name: name, Period: period}
+	err := c.pool.QueryRow(ctx, sqlOnceDone, name, period).Scan(&rec.Fence, &rec.DoneAt)
+	switch {
+	case errors.Is(err, errNoRows):
+		return OnceRecord{Name: name, Period: period}, false, nil
+	case err != nil:
+		return OnceRecord{Name: name, Period: period}, false, dbError(fmt.Sprintf("once %q period %q", name, period), err)
+	}
+	return rec, true, nil
+}
+
+// MarkDone records, in tx, that period of the job name is done. tx must
+// be a fenced transaction (fencing.Begin or fencing.InTx) declaring the
+// token of the lease name's current grant: a stale token fails with the
+// guard's error (fencing.IsStale), and a token of another lease with
+// fencing.IsNoToken. It returns true when it recorded the period and false
+// when the period was recorded before (roll tx back then, if it did the
+// period's work). The record commits with tx. For callers that hold the
+// lease themselves (pgfence run --once); Once and OnceTx call it for you.
+func MarkDone(ctx context.Context, tx pgx.Tx, name, period string) (bool, error) {
+	if err := validateName(name); err != nil {
+		return false, err
+	}
+	if err := validatePeriod(period); err != nil {
+		return false, err
+	}
+	var recorded bool
+	if err := tx.QueryRow(ctx, sqlMarkDone, name, period).Scan(&recorded); err != nil {
+		return false, dbError(fmt.Sprintf("mark period %q of %q done", period, name), err)
+	}
+	return recorded, nil
+}
+
+func validatePeriod(period string) error {
+	return validateText("period", period, MaxPeriodLen)
+}
