@@ -143,16 +143,19 @@ BEGIN
             MESSAGE = format('pgfence: a semaphore has 1 to 1000 slots, got %s', coalesce(slots::text, 'NULL'));
     END IF;
     SELECT f.floor + 1 INTO min_fence FROM pgfence.fence_floor AS f;
-    -- An expired slot. SKIP LOCKED: a row locked by another taker, or by
-    -- a former holder's open fenced transaction, is passed over, not
-    -- waited for; a row re-granted meanwhile fails the re-check and the
-    -- next one is tried.
+    -- An expired slot. SKIP LOCKED: a row locked by another taker is
+    -- passed over, not waited for; a row re-granted meanwhile fails the
+    -- re-check and the next one is tried. The slot's fence lock (see
+    -- pgfence.token_fence) is tried, not waited for: a slot whose former
+    -- holder still has a fenced transaction open is passed over, so that
+    -- transaction commits before the slot is granted again.
     RETURN QUERY
     WITH free AS (
         SELECT l.name, s.k
           FROM generate_series(1, slots) AS s(k)
           JOIN pgfence.leases AS l ON l.name = sem || '#' || s.k
          WHERE l.expires_at <= clock_timestamp()
+           AND pg_try_advisory_xact_lock(1885824614, pgfence.wait_key(l.name))
          ORDER BY s.k
          LIMIT 1
            FOR UPDATE OF l SKIP LOCKED

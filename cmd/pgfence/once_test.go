@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +75,36 @@ func TestOnceOptions(t *testing.T) {
 	}
 	if err := o.record(ctx, pool, l); !fencing.IsStale(err) {
 		t.Errorf("record by the former holder = %v, want stale", err)
+	}
+}
+
+// pgfence run --once KEY runs the command for a period once: a second run
+// for the same period exits 0 without running it; a failing command
+// leaves the period undone; --at-least keeps the lease after the command.
+func TestRunOnce(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	marker := t.TempDir() + "/ran"
+	run := func(key string, cmdline string, extra ...string) result {
+		args := append([]string{"run", "--lease", "once/job", "--ttl", "5s", "--once", key}, extra...)
+		return db(t, url, append(args, "--", "sh", "-c", cmdline)...)
+	}
+	if r := run("p1", "exit 3"); r.code != 3 {
+		t.Fatalf("failing command: exit %d, want 3", r.code)
+	}
+	if r := run("p1", "echo x >> "+marker); r.code != 0 {
+		t.Fatalf("first successful run: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := run("p1", "echo x >> "+marker); r.code != 0 || !strings.Contains(r.stderr, "already done") {
+		t.Fatalf("second run of a done period: exit %d, stderr %q; want 0 and 'already done'", r.code, r.stderr)
+	}
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "x\n" {
+		t.Fatalf("the command ran %q times for one period (%v), want once", b, err)
+	}
+	if r := run("p2", "true", "--at-least", "3s"); r.code != 0 {
+		t.Fatalf("--at-least run: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := db(t, url, "run", "--lease", "once/job", "--ttl", "5s", "--no-wait", "--", "true"); r.code != exitHeld {
+		t.Fatalf("right after an --at-least 3s run the lease was free (exit %d), want held (%d)", r.code, exitHeld)
 	}
 }

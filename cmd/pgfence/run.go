@@ -78,14 +78,15 @@ type runOptions struct {
 	lease, lock string
 	ttl, grace  time.Duration
 	noWait      bool
+	once        onceOptions
 }
 
 func newRunCmd(g *globals) *cobra.Command {
 	var o runOptions
 	cmd := &cobra.Command{
-		Use:   "run (--lease NAME --ttl D | --lock NAME) [--no-wait] [--grace D] -- CMD [ARGS...]",
+		Use:   "run (--lease NAME --ttl D [--once KEY] [--at-least D] | --lock NAME) [--no-wait] [--grace D] -- CMD [ARGS...]",
 		Short: "Run a command under a lease or an advisory lock",
-		Long:  runLong,
+		Long:  runLong + "\n" + onceHelp,
 		Args: argsUsage(func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errors.New("run needs a command to run after the flags (pgfence run --lease NAME --ttl 30s -- CMD ARGS...)")
@@ -106,6 +107,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (at least %s); renewed at least every TTL/3", leases.MinTTL))
 	f.DurationVar(&o.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL; with --lease at most TTL/2, and the default is cut to TTL/2 (see Timing)")
 	f.BoolVar(&o.noWait, "no-wait", false, "exit 75 at once if someone else holds the lease or lock")
+	addOnceFlags(f, &o.once)
 	return cmd
 }
 
@@ -131,6 +133,9 @@ func (o *runOptions) resolve(cmd *cobra.Command) error {
 		return usageErrorf("--grace %s does not fit --ttl %s: the command gets SIGTERM grace before the lease's local deadline, "+
 			"so that it has stopped before the lease can expire; --grace must be at most TTL/2 (%s) (see 'pgfence run --help', Timing)",
 			o.grace, o.ttl, maxGrace(o.ttl))
+	}
+	if err := o.once.validate(o.lease); err != nil {
+		return usageErrorf("%v", err)
 	}
 	if o.lease != "" {
 		return validateLeaseName(o.lease)
@@ -212,7 +217,30 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 		return interruptedOr(interruptSig, nil)
 	}
 
+	if h.lease != nil {
+		if err := o.once.hold(h.lease); err != nil {
+			releaseHeld(h)
+			return err
+		}
+		skip, err := o.once.skip(ctx, lc, h.lease)
+		if err != nil {
+			releaseHeld(h)
+			return fmt.Errorf("read period %q of %s: %w", o.once.key, h.what, err)
+		}
+		if skip {
+			releaseHeld(h)
+			fmt.Fprintf(cmd.ErrOrStderr(), "pgfence: period %q of lease %q is already done; the command did not run\n", o.once.key, o.lease)
+			return nil
+		}
+	}
+
 	code, err := runChild(ctx, h, o, path, args, sigs, cmd.ErrOrStderr())
+	if err == nil && code == 0 && h.lease != nil {
+		if rerr := o.once.record(context.WithoutCancel(ctx), pool, h.lease); rerr != nil {
+			releaseHeld(h)
+			return fmt.Errorf("the command succeeded but period %q of %s could not be recorded as done (the lease was lost?): %w", o.once.key, h.what, rerr)
+		}
+	}
 	releaseHeld(h)
 	if err != nil {
 		return err
