@@ -93,6 +93,19 @@ current() {
 	! $force && [ "$(docker image inspect -f '{{index .Config.Labels "org.pgfence.recipe"}}' "$1" 2>/dev/null)" = "$2" ]
 }
 
+# retire TAG OLD-ID: removes the image TAG named before a rebuild, unless
+# something still uses it, so that rebuilds leave no dangling images.
+retire() {
+	local new
+	new=$(docker image inspect -f '{{.Id}}' "$1" 2>/dev/null || true)
+	if [ -n "$2" ] && [ "$2" != "$new" ]; then
+		docker rmi "$2" >/dev/null 2>&1 || true
+	fi
+}
+
+# image_id TAG: the image's ID, or nothing.
+image_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null || true; }
+
 # mmdebstrap_import TAG RECIPE MMDEBSTRAP-ARGS... -- DOCKERFILE-LINES...
 # builds a root filesystem with mmdebstrap, imports it, and sets the
 # image's configuration (ENV, ENTRYPOINT, …) with a Dockerfile on top:
@@ -106,7 +119,8 @@ mmdebstrap_import() {
 		shift
 	done
 	shift
-	local start=$SECONDS tmp
+	local start=$SECONDS tmp old
+	old=$(image_id "$tag")
 	log "$tag: mmdebstrap ${mm[*]}"
 	tmp=$(mktemp -d)
 	# A file rather than a pipe: a failed mmdebstrap must not import half a
@@ -124,6 +138,7 @@ mmdebstrap_import() {
 	printf '%s\n' "FROM $rootfs" "$@" "LABEL org.pgfence.recipe=$rcp" | docker build -q -t "$tag" - >/dev/null || ok=false
 	docker rmi "$rootfs" >/dev/null # untags: the image keeps the layer
 	$ok || die "$tag: docker build failed"
+	retire "$tag" "$old"
 	log "$tag: built in $((SECONDS - start))s"
 }
 
@@ -187,15 +202,16 @@ build_runtime() {
 		log "$runtime_tag: up to date"
 		return
 	fi
-	# extract: these packages only, unpacked, no maintainer scripts; the
-	# hooks do what the scripts would (the shell's links, the CA bundle).
+	# extract: these packages only, unpacked, no maintainer scripts, and
+	# no customize phase: extract hooks do what the scripts would (the
+	# shell's links, the CA bundle).
 	mmdebstrap_import "$runtime_tag" "$rcp" \
 		--variant=extract --include=busybox-static,ca-certificates \
-		--customize-hook='chroot "$1" /bin/busybox --install -s /bin' \
-		--customize-hook='mkdir -p "$1"/etc/ssl/certs "$1"/usr/local/bin "$1"/tmp "$1"/root && chmod 1777 "$1"/tmp' \
-		--customize-hook='cat "$1"/usr/share/ca-certificates/*/*.crt >"$1"/etc/ssl/certs/ca-certificates.crt' \
-		--customize-hook='printf "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" >"$1"/etc/passwd' \
-		--customize-hook='printf "root:x:0:\nnogroup:x:65534:\n" >"$1"/etc/group' \
+		--extract-hook='for a in $(chroot "$1" /bin/busybox --list); do [ -e "$1/bin/$a" ] || ln -s busybox "$1/bin/$a"; done' \
+		--extract-hook='mkdir -p "$1"/etc/ssl/certs "$1"/usr/local/bin "$1"/tmp "$1"/root && chmod 1777 "$1"/tmp' \
+		--extract-hook='cat "$1"/usr/share/ca-certificates/*/*.crt >"$1"/etc/ssl/certs/ca-certificates.crt' \
+		--extract-hook='printf "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n" >"$1"/etc/passwd' \
+		--extract-hook='printf "root:x:0:\nnogroup:x:65534:\n" >"$1"/etc/group' \
 		-- \
 		"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
 		'CMD ["/bin/sh"]'
@@ -212,7 +228,8 @@ build_migrate() {
 		return
 	fi
 	build_runtime >/dev/null
-	local start=$SECONDS tmp
+	local start=$SECONDS tmp old
+	old=$(image_id "$tag")
 	tmp=$(mktemp -d)
 	log "$tag: go install github.com/golang-migrate/migrate/v4/cmd/migrate@$version"
 	if ! (cd "$tmp" && GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -tags 'postgres pgx5' -trimpath \
@@ -232,6 +249,7 @@ build_migrate() {
 		die "$tag: docker build failed"
 	fi
 	rm -rf "$tmp"
+	retire "$tag" "$old"
 	log "$tag: built in $((SECONDS - start))s"
 }
 
