@@ -142,10 +142,20 @@ mmdebstrap_import() {
 	log "$tag: built in $((SECONDS - start))s"
 }
 
+# pg_major: the PostgreSQL major version Debian's postgresql package
+# depends on (15 on bookworm).
+pg_major() {
+	apt-cache show --no-all-versions postgresql 2>/dev/null | sed -n 's/^Depends:.*postgresql-\([0-9][0-9]*\).*/\1/p' | head -1
+}
+
 build_postgres() {
 	local major
-	major=$(apt-cache show --no-all-versions postgresql 2>/dev/null | sed -n 's/^Depends:.*postgresql-\([0-9][0-9]*\).*/\1/p' | head -1)
-	[ -n "$major" ] || die "cannot tell Debian's PostgreSQL major version (apt-get update first)"
+	major=$(pg_major)
+	if [ -z "$major" ]; then
+		apt-get update -qq >&2 # a fresh machine may have no package lists yet
+		major=$(pg_major)
+	fi
+	[ -n "$major" ] || die "cannot tell Debian's PostgreSQL major version from apt-cache show postgresql"
 	local tag="pgfence/postgres:$major-$suite" rcp
 	rcp=$(recipe postgres "$major")
 	echo "PGFENCE_POSTGRES_IMAGE=$tag"
