@@ -88,9 +88,15 @@ recipe() {
 	} | sha256sum | cut -c1-16
 }
 
-# current TAG RECIPE: the image exists with that recipe.
+# current VAR TAG RECIPE prints VAR=TAG and says whether the image exists
+# with that recipe (then it need not be built).
 current() {
-	! $force && [ "$(docker image inspect -f '{{index .Config.Labels "org.pgfence.recipe"}}' "$1" 2>/dev/null)" = "$2" ]
+	echo "$1=$2"
+	if ! $force && [ "$(docker image inspect -f '{{index .Config.Labels "org.pgfence.recipe"}}' "$2" 2>/dev/null)" = "$3" ]; then
+		log "$2: up to date"
+		return 0
+	fi
+	return 1
 }
 
 # retire TAG OLD-ID: removes the image TAG named before a rebuild, unless
@@ -158,11 +164,7 @@ build_postgres() {
 	[ -n "$major" ] || die "cannot tell Debian's PostgreSQL major version from apt-cache show postgresql"
 	local tag="pgfence/postgres:$major-$suite" rcp
 	rcp=$(recipe postgres "$major")
-	echo "PGFENCE_POSTGRES_IMAGE=$tag"
-	if current "$tag" "$rcp"; then
-		log "$tag: up to date"
-		return
-	fi
+	if current PGFENCE_POSTGRES_IMAGE "$tag" "$rcp"; then return; fi
 	mmdebstrap_import "$tag" "$rcp" \
 		--variant=minbase --include="postgresql-$major" \
 		--customize-hook='rm -rf "$1"/etc/postgresql/* "$1"/var/lib/postgresql/*' \
@@ -186,11 +188,7 @@ build_golang() {
 	version=${version#go}
 	local tag="pgfence/golang:$version-$suite" rcp
 	rcp=$(recipe golang "$version")
-	echo "PGFENCE_GO_IMAGE=$tag"
-	if current "$tag" "$rcp"; then
-		log "$tag: up to date"
-		return
-	fi
+	if current PGFENCE_GO_IMAGE "$tag" "$rcp"; then return; fi
 	mmdebstrap_import "$tag" "$rcp" \
 		--variant=minbase --include=ca-certificates \
 		--customize-hook="copy-in $goroot /usr/local" \
@@ -207,11 +205,7 @@ runtime_tag="pgfence/busybox:$suite"
 build_runtime() {
 	local rcp
 	rcp=$(recipe runtime)
-	echo "PGFENCE_RUNTIME_IMAGE=$runtime_tag"
-	if current "$runtime_tag" "$rcp"; then
-		log "$runtime_tag: up to date"
-		return
-	fi
+	if current PGFENCE_RUNTIME_IMAGE "$runtime_tag" "$rcp"; then return; fi
 	# extract: these packages only, unpacked, no maintainer scripts, and
 	# no customize phase: extract hooks do what the scripts would (the
 	# shell's links, the CA bundle).
@@ -232,11 +226,7 @@ build_migrate() {
 	version=$(cd "$root" && go list -m -f '{{.Version}}' github.com/golang-migrate/migrate/v4)
 	local tag="pgfence/migrate:$version" rcp
 	rcp=$(recipe migrate "$version")
-	echo "PGFENCE_MIGRATE_IMAGE=$tag"
-	if current "$tag" "$rcp"; then
-		log "$tag: up to date"
-		return
-	fi
+	if current PGFENCE_MIGRATE_IMAGE "$tag" "$rcp"; then return; fi
 	build_runtime >/dev/null
 	local start=$SECONDS tmp old
 	old=$(image_id "$tag")

@@ -85,6 +85,9 @@ func startContainer() (*server, error) {
 		tcpostgres.WithDatabase("postgres"),
 		tcpostgres.WithUsername("postgres"),
 		tcpostgres.WithPassword("postgres"),
+		// As the servers CI and pgcluster give the tests: roles that
+		// tests create without a password can connect over TCP.
+		testcontainers.WithEnv(map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust"}),
 		tcpostgres.BasicWaitStrategies(),
 	)
 	if err != nil {
