@@ -5,24 +5,35 @@
 #   docker run --rm -e DATABASE_URL=... pgfence demo worker    # what docker-compose.yml runs
 #
 # The binary is static (CGO_ENABLED=0) and embeds the migrations; the final
-# image is Alpine so that `docker run … --entrypoint sh` and `pgfence run --
-# sh -c …` have a shell. `pgfence demo` without a database would need the
-# PostgreSQL server binaries, which this image does not carry: give it
-# DATABASE_URL.
+# image has a shell (Alpine by default) so that `docker run … --entrypoint
+# sh` and `pgfence run -- sh -c …` work. `pgfence demo` without a database
+# would need the PostgreSQL server binaries, which this image does not
+# carry: give it DATABASE_URL.
+#
+# Build arguments (defaults: the upstream images and Go's own settings):
+#   GO_IMAGE       the build stage's Go toolchain image   (golang:1.26)
+#   RUNTIME_IMAGE  the final stage's base, with a shell   (alpine:3.22)
+#   GOPROXY        the module proxy for the build stage   (the Go default)
+# Where no registry can be reached, docker/build-images.sh builds stand-ins
+# for both images (PGFENCE_GO_IMAGE, PGFENCE_RUNTIME_IMAGE), and GOPROXY can
+# point at a proxy on this host (with --network host). The Dockerfile uses
+# nothing that needs BuildKit, so the classic builder builds it too.
 
-FROM golang:1.26 AS build
+ARG GO_IMAGE=golang:1.26
+ARG RUNTIME_IMAGE=alpine:3.22
+
+FROM ${GO_IMAGE} AS build
+ARG GOPROXY
 WORKDIR /src
 # Dependencies first, so that source edits reuse the module layer.
 COPY go.mod go.sum ./
-RUN --mount=type=cache,target=/go/pkg/mod go mod download
+RUN go mod download
 COPY . .
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags='-s -w' -o /out/pgfence ./cmd/pgfence
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags='-s -w' -o /out/pgfence ./cmd/pgfence
 
-FROM alpine:3.22
-RUN adduser -D -H -u 10001 pgfence
+FROM ${RUNTIME_IMAGE}
 COPY --from=build /out/pgfence /usr/local/bin/pgfence
-USER pgfence
+# A numeric user needs no account in the base image.
+USER 10001:10001
 ENTRYPOINT ["pgfence"]
 CMD ["--help"]

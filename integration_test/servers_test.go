@@ -29,8 +29,9 @@ type pgServer interface {
 	Start() error
 }
 
-// containerImage is the image of the container-backed factory.
-const containerImage = "postgres:17-alpine"
+// containerImage is the image of the container-backed factory
+// (PGFENCE_POSTGRES_IMAGE, default postgres:17-alpine).
+var containerImage = pgtest.ContainerImage()
 
 // startServer starts a migrated server of the test's own. The factory is
 // testcontainers-go's postgres module when a Docker engine answers, the
@@ -70,21 +71,9 @@ var (
 // within 5s.
 func dockerAnswers() error {
 	dockerOnce.Do(func() {
-		defer func() {
-			if r := recover(); r != nil { // testcontainers panics on some broken configurations
-				dockerErr = fmt.Errorf("docker provider panicked: %v", r)
-			}
-		}()
-		provider, err := testcontainers.NewDockerProvider()
-		if err != nil {
-			dockerErr = fmt.Errorf("no docker provider: %w", err)
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := provider.Health(ctx); err != nil { // Health closes the provider
-			dockerErr = fmt.Errorf("docker engine does not answer: %w", err)
-		}
+		dockerErr = pgtest.DockerAvailable(ctx)
 	})
 	return dockerErr
 }

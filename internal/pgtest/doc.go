@@ -9,13 +9,21 @@
 //
 //  1. PGFENCE_TEST_DATABASE_URL, if set: an existing server (the role needs
 //     CREATEDB). Nothing is started.
-//  2. testcontainers-go's postgres module, when a Docker engine answers.
+//  2. testcontainers-go's postgres module, when a Docker engine answers,
+//     with the image PGFENCE_POSTGRES_IMAGE names (default
+//     postgres:17-alpine; docker/build-images.sh builds a stand-in where
+//     no registry can be reached). Set TESTCONTAINERS_RYUK_DISABLED=true
+//     where the Ryuk image cannot be had: Main removes the container.
 //  3. A throwaway cluster from PostgreSQL binaries on the machine (initdb and
 //     postgres on PATH or under /usr/lib/postgresql/*/bin), in a temporary
 //     directory, on a free loopback port. When the tests run as root, the
 //     cluster runs as the unprivileged "postgres" user (or "nobody").
 //  4. Otherwise every test that needs a database fails with a message saying
 //     how to provide one. Tests never skip silently.
+//
+// PGFENCE_TEST_PROVISIONER=url, testcontainers or local forces one of them:
+// it must work, or the tests fail. Main prints, for each test binary, which
+// one served it ("pgtest: leases: PostgreSQL from testcontainers (…)").
 //
 // # Isolation
 //

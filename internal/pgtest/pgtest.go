@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -56,6 +57,11 @@ func Main(m *testing.M, opts ...goleak.Option) {
 // finish stops the server this process provisioned and, when the run
 // passed (code 0), looks for leaked goroutines; it returns the exit code.
 func finish(code int, opts []goleak.Option) int {
+	if srv != nil {
+		// One line per test binary, so that a CI log says which
+		// provisioner served each package.
+		fmt.Printf("pgtest: %s: PostgreSQL from %s\n", strings.TrimSuffix(filepath.Base(os.Args[0]), ".test"), srv.source)
+	}
 	if srv != nil && srv.stop != nil {
 		if err := srv.stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: stop %s: %v\n", srv.source, err)
@@ -94,29 +100,67 @@ const howToProvide = `pgfence's tests need a real PostgreSQL (14 or newer). Prov
     e.g. apt-get install -y postgresql.
 bash .ci/run sets one of these up for you.`
 
+// EnvProvisioner names the environment variable that forces one way of
+// provisioning the server — "url" (EnvURL), "testcontainers" or "local"
+// (binaries) — instead of trying them in order; the one named must work
+// or the tests fail. CI uses it to run the suite through each.
+const EnvProvisioner = "PGFENCE_TEST_PROVISIONER"
+
 func provisionServer() (*server, error) {
-	if u := os.Getenv(EnvURL); u != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, u)
+	switch p := os.Getenv(EnvProvisioner); p {
+	case "":
+	case "url":
+		return serverFromURL()
+	case "testcontainers":
+		s, err := startContainer()
 		if err != nil {
-			return nil, fmt.Errorf("%s is set but unusable: %w", EnvURL, err)
+			return nil, fmt.Errorf("%s=testcontainers: %w", EnvProvisioner, err)
 		}
-		_ = conn.Close(ctx)
-		return &server{adminURL: u, source: EnvURL}, nil
+		return s, nil
+	case "local":
+		return startLocal()
+	default:
+		return nil, fmt.Errorf("%s=%q: want url, testcontainers or local", EnvProvisioner, p)
+	}
+	if os.Getenv(EnvURL) != "" {
+		return serverFromURL()
 	}
 	var reasons []string
-	if s, err := startContainer(); err == nil {
-		return s, nil
-	} else {
-		reasons = append(reasons, "testcontainers: "+err.Error())
-	}
-	c, err := pgcluster.New()
+	s, err := startContainer()
 	if err == nil {
-		return &server{adminURL: c.URL("postgres"), source: "local binaries (" + c.BinDir() + ")", stop: c.Close}, nil
+		return s, nil
+	}
+	reasons = append(reasons, "testcontainers: "+err.Error())
+	if s, err = startLocal(); err == nil {
+		return s, nil
 	}
 	reasons = append(reasons, "local binaries: "+err.Error())
 	return nil, fmt.Errorf("%s unset; %s", EnvURL, strings.Join(reasons, "; "))
+}
+
+// serverFromURL is the existing server EnvURL points at.
+func serverFromURL() (*server, error) {
+	u := os.Getenv(EnvURL)
+	if u == "" {
+		return nil, fmt.Errorf("%s is not set", EnvURL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("%s is set but unusable: %w", EnvURL, err)
+	}
+	_ = conn.Close(ctx)
+	return &server{adminURL: u, source: EnvURL}, nil
+}
+
+// startLocal starts a throwaway cluster from the machine's binaries.
+func startLocal() (*server, error) {
+	c, err := pgcluster.New()
+	if err != nil {
+		return nil, err
+	}
+	return &server{adminURL: c.URL("postgres"), source: "local binaries (" + c.BinDir() + ")", stop: c.Close}, nil
 }
 
 // URL returns the connection URL of a new database, cloned from a template

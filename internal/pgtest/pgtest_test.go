@@ -122,9 +122,10 @@ func TestClusterStopStartKill(t *testing.T) {
 }
 
 // TestLocalBinariesFallback runs this package's tests again in a child
-// process without PGFENCE_TEST_DATABASE_URL: with no Docker engine here, the
-// child must provision a throwaway cluster from the local binaries (as root,
-// running it as an unprivileged user) and pass.
+// process without PGFENCE_TEST_DATABASE_URL and with
+// PGFENCE_TEST_PROVISIONER=local: the child must provision a throwaway
+// cluster from the local binaries (as root, running it as an unprivileged
+// user) and pass.
 func TestLocalBinariesFallback(t *testing.T) {
 	if os.Getenv("PGFENCE_TEST_CHILD") != "" {
 		t.Skip("already the child") // keeps the child from recursing; the parent's run counts
@@ -135,11 +136,13 @@ func TestLocalBinariesFallback(t *testing.T) {
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestURLIsMigratedAndIsolated$", "-test.v")
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, pgtest.EnvURL+"=") {
+		if !strings.HasPrefix(kv, pgtest.EnvURL+"=") && !strings.HasPrefix(kv, pgtest.EnvProvisioner+"=") {
 			env = append(env, kv)
 		}
 	}
-	cmd.Env = append(env, "PGFENCE_TEST_CHILD=1", "DOCKER_HOST=unix:///nonexistent/docker.sock")
+	// Forced: with a Docker engine and a usable image, the child would
+	// otherwise take testcontainers.
+	cmd.Env = append(env, "PGFENCE_TEST_CHILD=1", pgtest.EnvProvisioner+"=local")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child without %s failed: %v\n%s", pgtest.EnvURL, err, out)

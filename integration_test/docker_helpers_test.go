@@ -1,0 +1,156 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The Docker tests (the Dockerfile, docker-compose.yml) drive the docker
+// and compose command-line tools as a user would. They need a Docker
+// engine and fail — never skip — without one. Images come from the
+// variables docker-compose.yml and the Dockerfile read (defaults: the
+// upstream images); docker/build-images.sh builds local stand-ins and
+// prints the values where no registry can be reached.
+
+// repoRoot is the repository's top directory.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// run runs a command in dir with extra environment variables and returns
+// its combined output; it fails t, with the output, when the command fails.
+func run(t *testing.T, ctx context.Context, dir string, env []string, name string, args ...string) string {
+	t.Helper()
+	out, err := tryRun(ctx, dir, env, name, args...)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// tryRun is run that returns the error instead.
+func tryRun(ctx context.Context, dir string, env []string, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// needDocker fails t unless the docker command and an engine answer.
+func needDocker(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("docker"); err != nil {
+		t.Fatalf("the Docker tests need the docker command and a Docker engine: %v (apt-get install -y docker.io)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := tryRun(ctx, "", nil, "docker", "version", "--format", "{{.Server.Version}}"); err != nil {
+		t.Fatalf("the Docker tests need a Docker engine: docker version: %v\n%s", err, out)
+	}
+}
+
+// composeCommand is the compose tool: the docker compose plugin, else the
+// standalone docker-compose.
+func composeCommand(t *testing.T) []string {
+	t.Helper()
+	needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := tryRun(ctx, "", nil, "docker", "compose", "version"); err == nil {
+		return []string{"docker", "compose"}
+	}
+	if _, err := exec.LookPath("docker-compose"); err == nil {
+		return []string{"docker-compose"}
+	}
+	t.Fatal("the compose tests need docker compose or docker-compose (apt-get install -y docker-compose)")
+	return nil
+}
+
+// imageEnv returns name's value, or def.
+func imageEnv(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+var buildMu sync.Mutex
+
+// buildPgfenceImage builds the repository's Dockerfile into a new tag that
+// is removed when t ends, and returns the tag. The build stage's and final
+// stage's base images come from PGFENCE_GO_IMAGE and PGFENCE_RUNTIME_IMAGE
+// (defaults: the Dockerfile's). Modules come from this host's module cache
+// through a proxy on loopback (the build runs with --network host), so the
+// build needs no network of its own; the layer cache makes a second build
+// quick.
+func buildPgfenceImage(t *testing.T) string {
+	t.Helper()
+	needDocker(t)
+	// One build at a time: two would share the work anyway, through
+	// the layer cache, but race to fill it on two cores.
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	root := repoRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	run(t, ctx, root, nil, "go", "mod", "download")
+	modcache := strings.TrimSpace(run(t, ctx, root, nil, "go", "env", "GOMODCACHE"))
+	proxy := httptest.NewUnstartedServer(http.FileServer(http.Dir(filepath.Join(modcache, "cache", "download"))))
+	// A fixed port when free: GOPROXY is a build argument, and a new value
+	// would invalidate the layer cache of every later build step.
+	if ln, err := net.Listen("tcp", "127.0.0.1:17473"); err == nil {
+		proxy.Listener.Close()
+		proxy.Listener = ln
+	}
+	proxy.Start()
+	defer proxy.Close()
+
+	tag := "pgfence-test/pgfence:" + randomSuffix()
+	args := []string{"build", "--network", "host", "-t", tag, "--build-arg", "GOPROXY=" + proxy.URL}
+	if v := os.Getenv("PGFENCE_GO_IMAGE"); v != "" {
+		args = append(args, "--build-arg", "GO_IMAGE="+v)
+	}
+	if v := os.Getenv("PGFENCE_RUNTIME_IMAGE"); v != "" {
+		args = append(args, "--build-arg", "RUNTIME_IMAGE="+v)
+	}
+	start := time.Now()
+	run(t, ctx, root, nil, "docker", append(args, ".")...)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := tryRun(ctx, "", nil, "docker", "rmi", tag); err != nil {
+			t.Errorf("docker rmi %s: %v\n%s", tag, err, out)
+		}
+	})
+	t.Logf("built %s from the Dockerfile in %v", tag, time.Since(start).Round(time.Second))
+	return tag
+}
+
+// randomSuffix is a short random lower-case hex string, for names that
+// must not collide with another test's or another run's.
+func randomSuffix() string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,197 @@
+package pgfencetest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+)
+
+// Proxy forwards TCP from a loopback port to a PostgreSQL server, so that
+// a test can cut a process under test off from the database: start the
+// process with ProxyURL's URL, then Cut and Restore. It belongs to the test
+// that made it and is closed, with its connections, when the test ends.
+type Proxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup // the accept loop and every forwarding goroutine
+
+	mu     sync.Mutex
+	cut    bool
+	closed bool
+	conns  map[net.Conn]struct{}
+}
+
+// NewProxy starts a proxy to target (host:port) on a free loopback port.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pgfencetest: proxy listen: %v", err)
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// ProxyURL starts a proxy to the server databaseURL points at and returns
+// it with databaseURL rewritten to go through it.
+func ProxyURL(t testing.TB, databaseURL string) (*Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(databaseURL)
+	if err != nil || u.Host == "" {
+		t.Fatalf("pgfencetest: ProxyURL needs a postgres:// URL with a host, got %q (%v)", databaseURL, err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "5432")
+	}
+	p := NewProxy(t, host)
+	u.Host = p.Addr()
+	return p, u.String()
+}
+
+// Addr is the proxy's host:port on 127.0.0.1.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Cut closes every forwarded connection at once, and closes new ones as
+// soon as they are accepted, until Restore: the process behind the proxy
+// sees its connections reset and cannot reconnect, as in a partition.
+// Safe to repeat.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// Restore forwards new connections again. Safe to repeat.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		if !p.track(c) {
+			_ = c.Close()
+			continue
+		}
+		p.wg.Add(1)
+		go p.forward(c)
+	}
+}
+
+// track records c unless the proxy is cut or closed.
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cut || p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.conns, c)
+	_ = c.Close()
+}
+
+// forward copies between client and a new connection to the target until
+// either side ends or the proxy cuts them.
+func (p *Proxy) forward(client net.Conn) {
+	defer p.wg.Done()
+	defer p.untrack(client)
+	var d net.Dialer
+	server, err := d.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	if !p.track(server) {
+		_ = server.Close()
+		return
+	}
+	defer p.untrack(server)
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		_ = dst.Close()
+		_ = src.Close()
+		done <- struct{}{}
+	}
+	go pipe(server, client)
+	go pipe(client, server)
+	<-done
+	<-done
+}
+
+func (p *Proxy) close() {
+	p.mu.Lock()
+	p.closed = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.wg.Wait()
+}
+
+// CutContainerNetwork disconnects the container id (name or ID) from every
+// network it is attached to, so that it can reach nothing and nothing can
+// reach it. The returned function reconnects it with the same endpoint
+// settings (aliases, addresses); it is safe to call more than once, and
+// runs when t ends if the test has not called it. It fails t if no Docker
+// engine answers or a disconnect fails.
+func CutContainerNetwork(t testing.TB, id string) (restore func()) {
+	t.Helper()
+	var saved map[string]*network.EndpointSettings
+	err := withDocker(func(ctx context.Context, cli *testcontainers.DockerClient) error {
+		res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+		if err != nil {
+			return err
+		}
+		if res.Container.NetworkSettings != nil {
+			saved = res.Container.NetworkSettings.Networks
+		}
+		for name := range saved {
+			if _, err := cli.NetworkDisconnect(ctx, name, client.NetworkDisconnectOptions{Container: id, Force: true}); err != nil {
+				return fmt.Errorf("disconnect from %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("pgfencetest: cut the network of container %s: %v", id, err)
+	}
+	return once(t, func() error {
+		return withDocker(func(ctx context.Context, cli *testcontainers.DockerClient) error {
+			for name, ep := range saved {
+				settings := &network.EndpointSettings{Aliases: ep.Aliases, IPAMConfig: ep.IPAMConfig, Links: ep.Links}
+				if _, err := cli.NetworkConnect(ctx, name, client.NetworkConnectOptions{Container: id, EndpointConfig: settings}); err != nil {
+					return fmt.Errorf("reconnect container %s to %s: %w", id, name, err)
+				}
+			}
+			return nil
+		})
+	})
+}
