@@ -9,11 +9,13 @@
 //
 //  1. PGFENCE_TEST_DATABASE_URL, if set: an existing server (the role needs
 //     CREATEDB). Nothing is started.
-//  2. testcontainers-go's postgres module, when a Docker engine answers,
-//     with the image PGFENCE_POSTGRES_IMAGE names (default
-//     postgres:17-alpine; docker/build-images.sh builds a stand-in where
-//     no registry can be reached). Set TESTCONTAINERS_RYUK_DISABLED=true
-//     where the Ryuk image cannot be had: Main removes the container.
+//  2. A PostgreSQL container, when a Docker engine answers, with the image
+//     PGFENCE_POSTGRES_IMAGE names (default postgres:17-alpine;
+//     docker/build-images.sh builds a stand-in where no registry can be
+//     reached), started through the Docker Engine API with the standard
+//     library: testcontainers-go would put the Docker client into the module
+//     graph of every program importing pgfence. Main removes the container.
+//     (The pgfencetest module, for users' tests, uses testcontainers-go.)
 //  3. A throwaway cluster from PostgreSQL binaries on the machine (initdb and
 //     postgres on PATH or under /usr/lib/postgresql/*/bin), in a temporary
 //     directory, on a free loopback port. When the tests run as root, the
@@ -21,9 +23,9 @@
 //  4. Otherwise every test that needs a database fails with a message saying
 //     how to provide one. Tests never skip silently.
 //
-// PGFENCE_TEST_PROVISIONER=url, testcontainers or local forces one of them:
+// PGFENCE_TEST_PROVISIONER=url, container or local forces one of them:
 // it must work, or the tests fail. Main prints, for each test binary, which
-// one served it ("pgtest: leases: PostgreSQL from testcontainers (…)").
+// one served it ("pgtest: leases: PostgreSQL from a container (…)").
 //
 // # Isolation
 //

@@ -95,15 +95,16 @@ func provision(t testing.TB) *server {
 
 const howToProvide = `pgfence's tests need a real PostgreSQL (14 or newer). Provide one of:
   - PGFENCE_TEST_DATABASE_URL=postgres://user@host:5432/postgres (the role needs CREATEDB);
-  - a running Docker engine (testcontainers-go starts postgres);
+  - a running Docker engine (a postgres container is started, image PGFENCE_POSTGRES_IMAGE);
   - PostgreSQL server binaries (initdb, postgres) on PATH or under /usr/lib/postgresql/*/bin,
     e.g. apt-get install -y postgresql.
 bash .ci/run sets one of these up for you.`
 
 // EnvProvisioner names the environment variable that forces one way of
-// provisioning the server — "url" (EnvURL), "testcontainers" or "local"
-// (binaries) — instead of trying them in order; the one named must work
-// or the tests fail. CI uses it to run the suite through each.
+// provisioning the server — "url" (EnvURL), "container" (a Docker
+// container; "testcontainers" is accepted too) or "local" (binaries) —
+// instead of trying them in order; the one named must work or the tests
+// fail. CI uses it to run the suite through each.
 const EnvProvisioner = "PGFENCE_TEST_PROVISIONER"
 
 func provisionServer() (*server, error) {
@@ -111,16 +112,17 @@ func provisionServer() (*server, error) {
 	case "":
 	case "url":
 		return serverFromURL()
-	case "testcontainers":
-		s, err := startContainer()
-		if err != nil {
-			return nil, fmt.Errorf("%s=testcontainers: %w", EnvProvisioner, err)
-		}
-		return s, nil
 	case "local":
 		return startLocal()
 	default:
-		return nil, fmt.Errorf("%s=%q: want url, testcontainers or local", EnvProvisioner, p)
+		if !isContainerProvisioner(p) {
+			return nil, fmt.Errorf("%s=%q: want url, container or local", EnvProvisioner, p)
+		}
+		s, err := startContainer()
+		if err != nil {
+			return nil, fmt.Errorf("%s=%s: %w", EnvProvisioner, p, err)
+		}
+		return s, nil
 	}
 	if os.Getenv(EnvURL) != "" {
 		return serverFromURL()
@@ -130,7 +132,7 @@ func provisionServer() (*server, error) {
 	if err == nil {
 		return s, nil
 	}
-	reasons = append(reasons, "testcontainers: "+err.Error())
+	reasons = append(reasons, "container: "+err.Error())
 	if s, err = startLocal(); err == nil {
 		return s, nil
 	}

@@ -141,7 +141,7 @@ func TestLocalBinariesFallback(t *testing.T) {
 		}
 	}
 	// Forced: with a Docker engine and a usable image, the child would
-	// otherwise take testcontainers.
+	// otherwise take a container.
 	cmd.Env = append(env, "PGFENCE_TEST_CHILD=1", pgtest.EnvProvisioner+"=local")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
