@@ -101,22 +101,27 @@ func (c *Client) wakeQueue(name string) {
 // on a release notification (within a round trip), on a release by this
 // client, when the holder's grant expires by the database clock, and on a
 // jittered poll (see WithPollInterval). Bad input (name, ttl < MinTTL)
-// returns an error naming the setting and writes nothing.
-func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+// returns an error naming the setting and writes nothing. opts configure
+// the grant (WithData).
+func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	if err := validate(name, ttl); err != nil {
+		return nil, err
+	}
+	ac, err := acquireOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	l, err := c.acquire(ctx, name, ttl)
+	l, err := c.acquire(ctx, name, ttl, ac)
 	c.m.recordAcquire(ctx, name, false, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
 }
 
 // acquire is Acquire after validation.
-func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration, ac acquireConfig) (*Lease, error) {
 	w := c.enqueue(name)
 	defer c.dequeue(name, w)
 	// Become head.
@@ -149,7 +154,7 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 			continue
 		}
 		c.want(ctx, name) // before the attempt: see interest.go
-		l, holder, remaining, err := c.grant(ctx, name, ttl)
+		l, holder, remaining, err := c.grant(ctx, name, ttl, ac)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
@@ -180,16 +185,21 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*
 // TryAcquire takes the named lease for ttl if nobody holds it, in one
 // statement. If another owner holds it, it returns a *HeldError (matching
 // ErrHeld) naming the holder. ctx bounds the statement only. Bad input
-// returns an error naming the setting and writes nothing.
-func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+// returns an error naming the setting and writes nothing. opts configure
+// the grant (WithData); the HeldError's Holder carries the holder's data.
+func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	if err := validate(name, ttl); err != nil {
+		return nil, err
+	}
+	ac, err := acquireOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	l, holder, _, err := c.grant(ctx, name, ttl)
+	l, holder, _, err := c.grant(ctx, name, ttl, ac)
 	if err == nil && l == nil {
 		err = &HeldError{Holder: holder}
 	}
@@ -216,15 +226,16 @@ func (c *Client) usable(ctx context.Context) error {
 
 // grant runs one acquire attempt. It returns the lease if granted, or else
 // the holder and the time until the holder's grant expires (server clock).
-func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Lease, Info, time.Duration, error) {
+func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac acquireConfig) (*Lease, Info, time.Duration, error) {
 	owner := c.newOwner()
+	data := dataArg(ac.data)
 	for range 3 {
 		start := time.Now()
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
-		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds()).Scan(&granted,
-			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
+		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds(), data).Scan(&granted,
+			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS, &info.Data)
 		if errors.Is(err, errNoRows) {
 			// The holder committed after this statement's snapshot was
 			// taken (or released just now): look again.
@@ -238,6 +249,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 			return nil, info, remaining, nil
 		}
 		l := c.newLease(info, ttl, time.Now())
+		l.data = ac.data
 		if err := c.register(l, start); err != nil {
 			l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

@@ -159,7 +159,7 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 	info := Info{Name: name}
 	var remainingUS int64
 	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
-		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
+		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &info.Data, &remainingUS)
 	if errors.Is(err, errNoRows) {
 		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
 	}
@@ -178,7 +178,7 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 	}
 	infos, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Info, error) {
 		var i Info
-		err := row.Scan(&i.Name, &i.Owner, &i.Fence, &i.AcquiredAt, &i.RenewedAt, &i.ExpiresAt)
+		err := row.Scan(&i.Name, &i.Owner, &i.Fence, &i.AcquiredAt, &i.RenewedAt, &i.ExpiresAt, &i.Data)
 		return i, err
 	})
 	if err != nil {

@@ -83,6 +83,30 @@
 // is retried with backoff from 25ms to 1s until each lease's own deadline
 // timer fires. Lease.Renew renews one lease on demand.
 //
+// # Data with a lease
+//
+// A grant may carry a small JSON value (at most MaxDataLen = 1024 bytes,
+// compact): WithData attaches it in the statement that grants, at no extra
+// round trip, and Lease.SetData replaces it while the grant is held — the
+// leader publishes its address, a job its progress. Get, List, Observe,
+// HeldError and `pgfence leases ls` show it (Info.Data, in jsonb's text
+// form). Only the current grant can write it: pgfence.set_data names
+// (name, owner, fence) and writes only while the grant is live by the
+// database clock, so an update racing a takeover or force-release either
+// commits before it (and the next grant starts without data) or matches no
+// row and is rejected with ErrLost. Oversize or malformed values return
+// ErrInvalid and write nothing; PostgreSQL enforces the same bound
+// (SQLSTATE 22023) for SQL callers. SetData wakes the lease's observers.
+//
+// # Extending with a new TTL
+//
+// Lease.Extend renews the grant now with a different TTL, longer or
+// shorter. The local deadline is recomputed by the same rule (start of the
+// Extend request + new TTL − new TTL/10) and replaces the old one even
+// when sooner; the keepalive then renews with the new TTL. Renew, Extend
+// and the keepalive's batch are serialised per lease, so the local deadline
+// always follows the renewal PostgreSQL applied last.
+//
 // # Hand-over
 //
 // Release expires the grant now and, in the same statement, sends NOTIFY

@@ -2,6 +2,7 @@ package leases_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -79,4 +80,56 @@ func ExampleClient_Lead() {
 	// Output:
 	// leading
 	// stepped down: <nil>
+}
+
+// A leader publishes its address with its lease (etcd's Proclaim); anyone
+// reads it with Get, List or Observe, and only the current grant can
+// change it.
+func ExampleWithData() {
+	pool, done := pgtest.ExamplePool()
+	defer done()
+	client, _ := leases.New(pool, leases.WithOwner("api-1"))
+	defer client.Close()
+
+	ctx := context.Background()
+	l, err := client.TryAcquire(ctx, "api/leader", 10*time.Second,
+		leases.WithData(json.RawMessage(`{"addr": "10.0.0.1:8080"}`)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+	info, _ := client.Get(ctx, "api/leader")
+	fmt.Println("leader at", string(info.Data))
+
+	// Moved: publish the new address (rejected if the grant is gone).
+	if err := l.SetData(ctx, json.RawMessage(`{"addr": "10.0.0.1:9090"}`)); err != nil {
+		log.Fatal(err)
+	}
+	info, _ = client.Get(ctx, "api/leader")
+	fmt.Println("leader at", string(info.Data))
+	// Output:
+	// leader at {"addr": "10.0.0.1:8080"}
+	// leader at {"addr": "10.0.0.1:9090"}
+}
+
+// A job that turns out to need longer extends its lease with a new TTL;
+// the keepalive continues with it.
+func ExampleLease_Extend() {
+	pool, done := pgtest.ExamplePool()
+	defer done()
+	client, _ := leases.New(pool)
+	defer client.Close()
+
+	ctx := context.Background()
+	l, err := client.TryAcquire(ctx, "reports/rebuild", 30*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if err := l.Extend(ctx, 5*time.Minute); err != nil {
+		log.Fatal(err) // ErrLost: someone else may hold it now; stop
+	}
+	fmt.Println("ttl now", l.TTL())
+	// Output:
+	// ttl now 5m0s
 }

@@ -2,8 +2,10 @@ package leases
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence/fencing"
@@ -18,6 +20,9 @@ type Info struct {
 	AcquiredAt time.Time
 	RenewedAt  time.Time
 	ExpiresAt  time.Time
+	// Data is the JSON value the grant published (WithData, SetData),
+	// compact as PostgreSQL's jsonb prints it; nil for none.
+	Data json.RawMessage
 }
 
 // Lease is one grant of a named lease to this client. It stays held while
@@ -28,12 +33,19 @@ type Lease struct {
 	name   string
 	owner  string
 	fence  int64
-	ttl    time.Duration
 	since  time.Time // local clock when the grant was received: hold duration
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
+	// renewMu serialises the statements that renew this grant (Renew,
+	// Extend, the keepalive's batch), so that the local deadline always
+	// follows the request PostgreSQL applied last. The keepalive only
+	// tries it and retries shortly if it is taken. Taken before c.mu.
+	renewMu sync.Mutex
+
 	// Guarded by c.mu.
+	ttl        time.Duration // changed by Extend
+	data       json.RawMessage
 	state      leaseState
 	acquiredAt time.Time // server clock
 	expiresAt  time.Time // server clock, as of the last grant/renew
@@ -72,7 +84,11 @@ func (l *Lease) Fence() int64 { return l.fence }
 func (l *Lease) Token() fencing.Token { return fencing.Token{Lease: l.name, Fence: l.fence} }
 
 // TTL returns the lease's time to live.
-func (l *Lease) TTL() time.Duration { return l.ttl }
+func (l *Lease) TTL() time.Duration {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.ttl
+}
 
 // ExpiresAt returns the server's expires_at as of the last successful grant
 // or renewal (database clock; do not compare it with the local clock).
@@ -115,9 +131,11 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
 	start := time.Now()
 	var expiresAt *time.Time
-	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
+	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.TTL().Microseconds()).Scan(&expiresAt)
 	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)

@@ -14,11 +14,11 @@ import (
 // or fn's error; if the lease was lost while fn ran, the returned error
 // wraps ErrLost (also when fn returned nil). fn must stop its work when its
 // context ends: after that, another owner may hold the lease.
-func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
 	if fn == nil {
 		return invalid("leases: fn must not be nil")
 	}
-	l, err := c.Acquire(ctx, name, ttl)
+	l, err := c.Acquire(ctx, name, ttl, opts...)
 	if err != nil {
 		return err
 	}
@@ -60,11 +60,14 @@ func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Cont
 // a missing schema or a closed client are returned. At most one fn runs at
 // a time per lease name across all clients (as judged by PostgreSQL), as
 // long as fn honours its context.
-func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
 	if fn == nil {
 		return invalid("leases: fn must not be nil")
 	}
 	if err := validate(name, ttl); err != nil {
+		return err
+	}
+	if _, err := acquireOptions(opts); err != nil {
 		return err
 	}
 	// The listener wakes the campaign when the leader releases, and makes
@@ -72,7 +75,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 	c.startListener()
 	backoff := 100 * time.Millisecond
 	for {
-		l, err := c.Acquire(ctx, name, ttl)
+		l, err := c.Acquire(ctx, name, ttl, opts...)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
