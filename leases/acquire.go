@@ -115,7 +115,9 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, op
 		return nil, err
 	}
 	start := time.Now()
-	l, err := c.acquire(ctx, name, ttl, ac)
+	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
+	l, err := c.acquire(sctx, name, ttl, ac)
+	span.End(fenceOf(l), err)
 	c.m.recordAcquire(ctx, name, false, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
 }
@@ -199,12 +201,22 @@ func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration,
 		return nil, err
 	}
 	start := time.Now()
-	l, holder, _, err := c.grant(ctx, name, ttl, ac)
+	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
+	l, holder, _, err := c.grant(sctx, name, ttl, ac)
 	if err == nil && l == nil {
 		err = &HeldError{Holder: holder}
 	}
+	span.End(fenceOf(l), err)
 	c.m.recordAcquire(ctx, name, true, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
+}
+
+// fenceOf is l's fence, or 0 for no lease.
+func fenceOf(l *Lease) int64 {
+	if l == nil {
+		return 0
+	}
+	return l.fence
 }
 
 func validate(name string, ttl time.Duration) error {

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+
+	"github.com/pgfence/pgfence/internal/spans"
 )
 
 var errNoRows = pgx.ErrNoRows
@@ -27,6 +29,7 @@ type Client struct {
 	cfg  config
 	log  *slog.Logger
 	m    *metrics
+	tr   *spans.Tracer
 
 	done     chan struct{}   // closed when Close begins
 	bg       context.Context // cancelled when Close begins
@@ -81,6 +84,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		cfg:       cfg,
 		log:       cfg.log,
 		m:         newMetrics(mp, cfg.nameAttr, cfg.log),
+		tr:        newTracer(cfg),
 		done:      make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		held:      make(map[string]*Lease),
@@ -226,7 +230,9 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		own.releaseNotified = time.Now()
 	}
 	c.mu.Unlock()
-	live, blockers, err := c.forceRelease(ctx, name, timeout)
+	sctx, span := c.tr.Start(ctx, spanForceRelease, name, 0)
+	live, blockers, err := c.forceRelease(sctx, name, timeout)
+	span.End(0, err)
 	switch {
 	case err != nil && isLockTimeout(err):
 		return &BlockedError{Name: name, Blockers: blockers}
@@ -323,7 +329,10 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 	if c.cfg.durableRelease {
 		q = sqlReleaseBatchDurable
 	}
-	if _, err := c.pool.Exec(ctx, q, names, owners, fences); err != nil {
+	ctx, span := c.tr.Start(ctx, spanRelease, "", 0)
+	_, err := c.pool.Exec(ctx, q, names, owners, fences)
+	span.End(0, err)
+	if err != nil {
 		return dbError(op, err)
 	}
 	for _, l := range ls {

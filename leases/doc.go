@@ -130,6 +130,24 @@
 // probe NOTIFY from another connection, and if the probe does not come
 // back within 2s it logs that once at Info, stops, and waiters poll.
 //
+// # Requested hand-over
+//
+// RequestHandover (`pgfence leases handover NAME`; role pgfence_operator)
+// asks the holder of a lease to step down, for a rolling deploy: River's
+// RequestResign. pgfence.request_handover marks the current grant by its
+// fence (a later grant is never affected) and notifies. The holder's
+// keepalive learns of it at its next renewal, which the notification
+// brings forward to about a round trip when the holder's client listens
+// (Lead's always does; a client that never waits, observes or leads learns
+// within TTL/3). The holder's Context then ends with cause ErrHandover, but
+// the lease stays held and renewed until it is released: Run and Lead
+// release as soon as fn returns (Lead campaigns again only after one TTL),
+// and a waiter on any replica, woken by the release, takes over within a
+// round trip. So — unlike ForceRelease — no one else holds the lease while
+// the old holder's work may still run. RequestHandover waits until the
+// grant it asked is gone; a holder that does not release within its
+// timeout is reported (ErrHandoverTimeout, naming it) and keeps the lease.
+//
 // # Leader election
 //
 // Lead campaigns for a lease, runs fn while leader, and after losing the

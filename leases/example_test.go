@@ -133,3 +133,38 @@ func ExampleLease_Extend() {
 	// Output:
 	// ttl now 5m0s
 }
+
+// A rolling deploy asks the old leader to step down (River's
+// RequestResign): its fn's context ends with cause ErrHandover, Lead
+// releases once fn returns, and a waiting candidate takes over within a
+// round trip. Operators do the same with `pgfence leases handover NAME`.
+func ExampleClient_RequestHandover() {
+	pool, done := pgtest.ExamplePool()
+	defer done()
+	old, _ := leases.New(pool, leases.WithOwner("pod-old"))
+	defer old.Close()
+	deployer, _ := leases.New(pool, leases.WithOwner("deployer"))
+	defer deployer.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	leading := make(chan struct{})
+	led := make(chan error, 1)
+	go func() {
+		led <- old.Lead(ctx, "deploy/leader", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+			close(leading)
+			<-ctx.Done()
+			fmt.Println("old leader: hand-over requested:", errors.Is(context.Cause(ctx), leases.ErrHandover))
+			stop() // this pod is going away: do not campaign again
+			return nil
+		})
+	}()
+	<-leading
+	_, err := deployer.RequestHandover(context.Background(), "deploy/leader", 10*time.Second)
+	fmt.Println("handed over:", err == nil)
+	fmt.Println("Lead returned:", <-led)
+	// Output:
+	// old leader: hand-over requested: true
+	// handed over: true
+	// Lead returned: <nil>
+}

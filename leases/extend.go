@@ -32,7 +32,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	c := l.c
 	start := time.Now()
 	var expiresAt *time.Time
+	ctx, span := c.tr.Start(ctx, spanRenew, l.name, l.fence)
 	err := c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, ttl.Microseconds()).Scan(&expiresAt)
+	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("extend %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)

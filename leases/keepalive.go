@@ -250,6 +250,14 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal) (again bool) {
 		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(rs), "err", err)
 		return true
 	}
+	var spanName string
+	var spanFence int64
+	if len(rs) == 1 {
+		spanName, spanFence = rs[0].l.name, rs[0].l.fence
+	}
+	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
+	var err error
+	defer func() { span.End(0, err) }()
 	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
 	if err != nil {
 		return failed(err)
@@ -258,12 +266,13 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal) (again bool) {
 		l         *Lease
 		expiresAt *time.Time
 		busy      bool
+		handover  bool
 	}
 	results := make([]result, 0, len(rs))
 	for rows.Next() {
 		var name string
 		var r result
-		if err := rows.Scan(&name, &r.expiresAt, &r.busy); err != nil {
+		if err := rows.Scan(&name, &r.expiresAt, &r.busy, &r.handover); err != nil {
 			rows.Close()
 			return failed(err)
 		}
@@ -281,6 +290,9 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal) (again bool) {
 		case r.expiresAt != nil:
 			c.m.recordRenewal(r.l.name, renewRenewed)
 			c.renewedLocked(r.l, reqStart, *r.expiresAt)
+			if r.handover {
+				c.handoverLocked(r.l)
+			}
 		case r.busy:
 			c.m.recordRenewal(r.l.name, renewBusy)
 			again = true

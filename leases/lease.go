@@ -46,6 +46,7 @@ type Lease struct {
 	// Guarded by c.mu.
 	ttl        time.Duration // changed by Extend
 	data       json.RawMessage
+	handover   bool // an operator asked this grant to step down
 	state      leaseState
 	acquiredAt time.Time // server clock
 	expiresAt  time.Time // server clock, as of the last grant/renew
@@ -103,7 +104,9 @@ func (l *Lease) ExpiresAt() time.Time {
 // successful grant/renewal request + TTL − TTL/10, on the monotonic clock)
 // if no renewal succeeded by then, at once when a renewal finds the grant
 // gone, and on Release or Close. The cause (context.Cause) wraps ErrLost or
-// ErrReleased. Do the lease's work under this context and check it before
+// ErrReleased — or ErrHandover when an operator asked for a hand-over: then
+// the lease is still held and renewed until Release, so stop the work and
+// release it. Do the lease's work under this context and check it before
 // every externally visible effect; it is not derived from the context
 // passed to Acquire.
 func (l *Lease) Context() context.Context { return l.ctx }
@@ -112,8 +115,9 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // (Context().Done()).
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Err returns nil while the lease is held, then an error wrapping ErrLost
-// or ErrReleased (the cause of Context).
+// Err returns nil while the lease is held and no hand-over was requested,
+// then an error wrapping ErrLost, ErrReleased or ErrHandover (the cause of
+// Context).
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
 		return nil
@@ -135,7 +139,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 	defer l.renewMu.Unlock()
 	start := time.Now()
 	var expiresAt *time.Time
+	ctx, span := l.c.tr.Start(ctx, spanRenew, l.name, l.fence)
 	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.TTL().Microseconds()).Scan(&expiresAt)
+	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
@@ -199,7 +205,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	end := time.Now()
 
 	var live *bool
+	ctx, span := c.tr.Start(ctx, spanRelease, l.name, l.fence)
 	err := c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
+	span.End(0, err)
 	switch {
 	case err == nil && live == nil && !wasHeld:
 		// An earlier Release (or Close) that reported an error ended it.

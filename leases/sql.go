@@ -26,7 +26,12 @@ const (
 
 	// sqlRenewBatch renews many grants in one statement (a keepalive
 	// tick), skipping rows locked by someone else (busy).
-	sqlRenewBatch = `SELECT lease, expires_at, busy FROM pgfence.renew_many($1, $2, $3, $4)`
+	// handover says an operator asked the grant to step down (migration 5).
+	sqlRenewBatch = `SELECT lease, expires_at, busy, handover FROM pgfence.renew_batch($1, $2, $3, $4)`
+
+	// sqlRequestHandover asks the live grant of $1 to step down and
+	// notifies; no row: nobody holds it.
+	sqlRequestHandover = `SELECT holder, fence FROM pgfence.request_handover($1)`
 
 	// sqlRenew renews one grant, waiting for row locks. NULL: lost.
 	sqlRenew = `SELECT pgfence.renew($1, $2, $3, $4)`
