@@ -67,7 +67,7 @@ type Span struct {
 // carrying the span. While nothing would record it returns ctx itself and
 // a zero Span, allocating nothing.
 func (t *Tracer) Start(ctx context.Context, op, name string, fence int64) (context.Context, Span) {
-	if t.tracer == nil || t.global && otel.GetTracerProvider() == unset {
+	if !t.Enabled() {
 		return ctx, Span{}
 	}
 	attrs := make([]attribute.KeyValue, 0, 2)
@@ -95,4 +95,9 @@ func (s Span) End(fence int64, err error) {
 		s.s.SetStatus(codes.Error, err.Error())
 	}
 	s.s.End()
+}
+
+// Enabled reports whether Start would start a span now.
+func (t *Tracer) Enabled() bool {
+	return t.tracer != nil && !(t.global && otel.GetTracerProvider() == unset)
 }
