@@ -37,6 +37,8 @@ type Client struct {
 	wg       sync.WaitGroup
 	kick     chan struct{} // wakes the keepalive; buffered 1
 
+	unregisterGauges func()
+
 	closeOnce sync.Once
 	closeErr  error
 
@@ -48,6 +50,7 @@ type Client struct {
 	orphans   []*Lease          // lost at the local deadline; grants to end
 	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
+	leading   map[string]int // Lead calls leading, by name (gauge)
 	listening bool          // listener goroutine started
 	listenOK  bool          // LISTEN is active right now
 	ready     chan struct{} // closed when LISTEN first succeeds (tests)
@@ -92,7 +95,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		queues:    make(map[string]*queue),
 		observers: make(map[string]map[*observer]struct{}),
 		ready:     make(chan struct{}),
+		leading:   make(map[string]int),
 	}
+	c.unregisterGauges = c.registerGauges(mp)
 	c.wg.Add(1)
 	go c.keepalive()
 	return c, nil
@@ -146,6 +151,7 @@ func (c *Client) Close() error {
 		}
 	})
 	c.wg.Wait()
+	c.unregisterGauges()
 	return c.closeErr
 }
 

@@ -191,6 +191,12 @@
 //	pgfence.lease.hold.duration     histogram, s       outcome
 //	pgfence.lease.renewals          counter, {renewal} outcome
 //	pgfence.lease.lost              counter, {lease}   cause
+//	pgfence.lease.held              gauge, {lease}     (none)
+//	pgfence.lease.leader            gauge, {election}  (none)
+//
+// held and leader are observable up-down counters, read from the Client's
+// state at collection: the leases it holds now, and the Lead calls that
+// lead now (with WithNameAttribute: 1 per election led, by name).
 //
 // acquire.duration runs from an Acquire (try=false) or TryAcquire
 // (try=true) call, after input validation, to the grant or the failure;
@@ -228,6 +234,17 @@
 // With WithNameAttribute(true) every measurement also carries name, the
 // lease name; it is off by default because each name is a separate time
 // series.
+//
+// # Tracing
+//
+// A Client starts spans through the OpenTelemetry trace API on the
+// provider of WithTracerProvider (default: the global one):
+// pgfence.lease.acquire (the wait included), pgfence.lease.renew (Renew,
+// Extend, each keepalive batch), pgfence.lease.release,
+// pgfence.lease.force_release and pgfence.lease.handover, with attributes
+// pgfence.lease.name and pgfence.lease.fence; package fencing adds
+// pgfence.fenced_tx around InTx. Until a provider is installed nothing is
+// started and nothing allocated (a few tens of nanoseconds per call).
 //
 // Logs (WithLogger; discarded by default): "leases: acquired" and
 // "leases: released" at Debug; "leases: force-released" at Info (owner and

@@ -106,7 +106,9 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		}
 		backoff = 100 * time.Millisecond
 		c.log.Info("leases: became leader", "name", name, "owner", l.owner, "fence", l.fence)
+		c.setLeading(name, 1)
 		err = c.runHeld(ctx, l, fn)
+		c.setLeading(name, -1)
 		switch {
 		case ctx.Err() != nil:
 			return nil
