@@ -51,9 +51,9 @@ type Client struct {
 	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
 	leading   map[string]int // Lead calls leading, by name (gauge)
-	listening bool          // listener goroutine started
-	listenOK  bool          // LISTEN is active right now
-	ready     chan struct{} // closed when LISTEN first succeeds (tests)
+	listening bool           // listener goroutine started
+	listenOK  bool           // LISTEN is active right now
+	ready     chan struct{}  // closed when LISTEN first succeeds (tests)
 
 	imu sync.Mutex // guards in; taken before mu, never while holding it
 	in  interest
