@@ -46,7 +46,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     min_fence bigint;
-    doc       jsonb := pgfence.check_data(data);
+    doc       jsonb := CASE WHEN data IS NOT NULL THEN pgfence.check_data(data) END; -- no call without data
 BEGIN
     IF ttl_us IS NULL OR ttl_us < 1 THEN
         RAISE EXCEPTION USING
