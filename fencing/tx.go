@@ -8,7 +8,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/spans"
 )
+
+// tracer starts InTx's spans on the global TracerProvider.
+var tracer = spans.New(nil, "github.com/pgfence/pgfence/fencing")
+
+// spanFencedTx is the name of InTx's span.
+const spanFencedTx = "pgfence.fenced_tx"
 
 // DB is what the package needs from a database handle: a way to begin a
 // transaction and to run a statement. *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -101,6 +109,11 @@ type txBeginner interface {
 // runs on tx. Cancelling ctx aborts the transaction. InTx is safe to call
 // concurrently; each call has its own transaction.
 //
+// InTx runs in a span "pgfence.fenced_tx" (attributes pgfence.lease.name
+// and pgfence.lease.fence) on the global TracerProvider, once the
+// application has installed one; until then it starts none and allocates
+// nothing for it.
+//
 // Each rejection InTx returns (ErrStale or ErrNoToken) adds one to the
 // counter pgfence.fenced_writes.rejected on the global MeterProvider (see
 // the package documentation's Metrics section).
@@ -108,6 +121,8 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err 
 	if fn == nil {
 		return fmt.Errorf("%w: fn must not be nil", ErrInvalid)
 	}
+	ctx, span := tracer.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
+	defer func() { span.End(0, err) }()
 	tx, err := Begin(ctx, db, tok)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -101,24 +102,31 @@ func (c *Client) wakeQueue(name string) {
 // on a release notification (within a round trip), on a release by this
 // client, when the holder's grant expires by the database clock, and on a
 // jittered poll (see WithPollInterval). Bad input (name, ttl < MinTTL)
-// returns an error naming the setting and writes nothing.
-func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+// returns an error naming the setting and writes nothing. opts configure
+// the grant (WithData).
+func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	if err := validate(name, ttl); err != nil {
+		return nil, err
+	}
+	ac, err := acquireOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	l, err := c.acquire(ctx, name, ttl)
+	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
+	l, err := c.acquire(sctx, name, ttl, ac)
+	span.End(fenceOf(l), err)
 	c.m.recordAcquire(ctx, name, false, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
 }
 
 // acquire is Acquire after validation.
-func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration, ac acquireConfig) (*Lease, error) {
 	return c.await(ctx, name, true, func(ctx context.Context) (*Lease, Info, time.Duration, error) {
-		return c.grant(ctx, name, ttl)
+		return c.grant(ctx, name, ttl, ac)
 	})
 }
 
@@ -191,21 +199,36 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 // TryAcquire takes the named lease for ttl if nobody holds it, in one
 // statement. If another owner holds it, it returns a *HeldError (matching
 // ErrHeld) naming the holder. ctx bounds the statement only. Bad input
-// returns an error naming the setting and writes nothing.
-func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+// returns an error naming the setting and writes nothing. opts configure
+// the grant (WithData); the HeldError's Holder carries the holder's data.
+func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	if err := validate(name, ttl); err != nil {
+		return nil, err
+	}
+	ac, err := acquireOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	l, holder, _, err := c.grant(ctx, name, ttl)
+	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
+	l, holder, _, err := c.grant(sctx, name, ttl, ac)
 	if err == nil && l == nil {
 		err = &HeldError{Holder: holder}
 	}
+	span.End(fenceOf(l), err)
 	c.m.recordAcquire(ctx, name, true, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
+}
+
+// fenceOf is l's fence, or 0 for no lease.
+func fenceOf(l *Lease) int64 {
+	if l == nil {
+		return 0
+	}
+	return l.fence
 }
 
 func validate(name string, ttl time.Duration) error {
@@ -227,15 +250,16 @@ func (c *Client) usable(ctx context.Context) error {
 
 // grant runs one acquire attempt. It returns the lease if granted, or else
 // the holder and the time until the holder's grant expires (server clock).
-func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Lease, Info, time.Duration, error) {
+func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac acquireConfig) (*Lease, Info, time.Duration, error) {
 	owner := c.newOwner()
+	data := dataArg(ac.data)
 	for range 3 {
 		start := time.Now()
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
-		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds()).Scan(&granted,
-			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
+		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds(), data).Scan(&granted,
+			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS, &info.Data)
 		if errors.Is(err, errNoRows) {
 			// The holder committed after this statement's snapshot was
 			// taken (or released just now): look again.
@@ -248,7 +272,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		if !granted {
 			return nil, info, remaining, nil
 		}
-		l, err := c.granted(ctx, info, ttl, start, "", 0)
+		l, err := c.granted(ctx, info, ttl, start, "", 0, ac.data)
 		return l, info, remaining, err
 	}
 	// Three snapshots in a row missed a holder that keeps changing; report
@@ -259,9 +283,9 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 // granted keeps alive the grant info of ttl, whose request began at start,
 // as a Lease: of slot slot of semaphore sem, if sem is not empty. If Close
 // has begun, it ends the grant and fails with ErrClosed.
-func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, start time.Time, sem string, slot int) (*Lease, error) {
+func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, start time.Time, sem string, slot int, data json.RawMessage) (*Lease, error) {
 	l := c.newLease(info, ttl, time.Now())
-	l.sem, l.slot = sem, slot
+	l.sem, l.slot, l.data = sem, slot, data
 	if err := c.register(l, start); err != nil {
 		l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

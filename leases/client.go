@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+
+	"github.com/pgfence/pgfence/internal/spans"
 )
 
 var errNoRows = pgx.ErrNoRows
@@ -27,12 +29,15 @@ type Client struct {
 	cfg  config
 	log  *slog.Logger
 	m    *metrics
+	tr   *spans.Tracer
 
 	done     chan struct{}   // closed when Close begins
 	bg       context.Context // cancelled when Close begins
 	cancelBG context.CancelFunc
 	wg       sync.WaitGroup
 	kick     chan struct{} // wakes the keepalive; buffered 1
+
+	unregisterGauges func()
 
 	closeOnce sync.Once
 	closeErr  error
@@ -45,9 +50,10 @@ type Client struct {
 	orphans   []*Lease          // lost at the local deadline; grants to end
 	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
-	listening bool          // listener goroutine started
-	listenOK  bool          // LISTEN is active right now
-	ready     chan struct{} // closed when LISTEN first succeeds (tests)
+	leading   map[string]int // Lead calls leading, by name (gauge)
+	listening bool           // listener goroutine started
+	listenOK  bool           // LISTEN is active right now
+	ready     chan struct{}  // closed when LISTEN first succeeds (tests)
 
 	imu sync.Mutex // guards in; taken before mu, never while holding it
 	in  interest
@@ -81,6 +87,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		cfg:       cfg,
 		log:       cfg.log,
 		m:         newMetrics(mp, cfg.nameAttr, cfg.log),
+		tr:        newTracer(cfg),
 		done:      make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		held:      make(map[string]*Lease),
@@ -88,7 +95,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		queues:    make(map[string]*queue),
 		observers: make(map[string]map[*observer]struct{}),
 		ready:     make(chan struct{}),
+		leading:   make(map[string]int),
 	}
+	c.unregisterGauges = c.registerGauges(mp)
 	c.wg.Add(1)
 	go c.keepalive()
 	return c, nil
@@ -142,6 +151,7 @@ func (c *Client) Close() error {
 		}
 	})
 	c.wg.Wait()
+	c.unregisterGauges()
 	return c.closeErr
 }
 
@@ -159,7 +169,7 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 	info := Info{Name: name}
 	var remainingUS int64
 	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
-		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS)
+		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &info.Data, &remainingUS)
 	if errors.Is(err, errNoRows) {
 		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
 	}
@@ -178,7 +188,7 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 	}
 	infos, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Info, error) {
 		var i Info
-		err := row.Scan(&i.Name, &i.Owner, &i.Fence, &i.AcquiredAt, &i.RenewedAt, &i.ExpiresAt)
+		err := row.Scan(&i.Name, &i.Owner, &i.Fence, &i.AcquiredAt, &i.RenewedAt, &i.ExpiresAt, &i.Data)
 		return i, err
 	})
 	if err != nil {
@@ -226,7 +236,9 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		own.releaseNotified = time.Now()
 	}
 	c.mu.Unlock()
-	live, blockers, err := c.forceRelease(ctx, name, timeout)
+	sctx, span := c.tr.Start(ctx, spanForceRelease, name, 0)
+	live, blockers, err := c.forceRelease(sctx, name, timeout)
+	span.End(0, err)
 	switch {
 	case err != nil && isLockTimeout(err):
 		return &BlockedError{Name: name, Blockers: blockers}
@@ -323,7 +335,10 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 	if c.cfg.durableRelease {
 		q = sqlReleaseBatchDurable
 	}
-	if _, err := c.pool.Exec(ctx, q, names, owners, fences); err != nil {
+	ctx, span := c.tr.Start(ctx, spanRelease, "", 0)
+	_, err := c.pool.Exec(ctx, q, names, owners, fences)
+	span.End(0, err)
+	if err != nil {
 		return dbError(op, err)
 	}
 	for _, l := range ls {

@@ -83,6 +83,30 @@
 // is retried with backoff from 25ms to 1s until each lease's own deadline
 // timer fires. Lease.Renew renews one lease on demand.
 //
+// # Data with a lease
+//
+// A grant may carry a small JSON value (at most MaxDataLen = 1024 bytes,
+// compact): WithData attaches it in the statement that grants, at no extra
+// round trip, and Lease.SetData replaces it while the grant is held — the
+// leader publishes its address, a job its progress. Get, List, Observe,
+// HeldError and `pgfence leases ls` show it (Info.Data, in jsonb's text
+// form). Only the current grant can write it: pgfence.set_data names
+// (name, owner, fence) and writes only while the grant is live by the
+// database clock, so an update racing a takeover or force-release either
+// commits before it (and the next grant starts without data) or matches no
+// row and is rejected with ErrLost. Oversize or malformed values return
+// ErrInvalid and write nothing; PostgreSQL enforces the same bound
+// (SQLSTATE 22023) for SQL callers. SetData wakes the lease's observers.
+//
+// # Extending with a new TTL
+//
+// Lease.Extend renews the grant now with a different TTL, longer or
+// shorter. The local deadline is recomputed by the same rule (start of the
+// Extend request + new TTL − new TTL/10) and replaces the old one even
+// when sooner; the keepalive then renews with the new TTL. Renew, Extend
+// and the keepalive's batch are serialised per lease, so the local deadline
+// always follows the renewal PostgreSQL applied last.
+//
 // # Hand-over
 //
 // Release expires the grant now and, in the same statement, sends NOTIFY
@@ -105,6 +129,24 @@
 // notifications never arrive: after LISTEN the listener sends itself a
 // probe NOTIFY from another connection, and if the probe does not come
 // back within 2s it logs that once at Info, stops, and waiters poll.
+//
+// # Requested hand-over
+//
+// RequestHandover (`pgfence leases handover NAME`; role pgfence_operator)
+// asks the holder of a lease to step down, for a rolling deploy: River's
+// RequestResign. pgfence.request_handover marks the current grant by its
+// fence (a later grant is never affected) and notifies. The holder's
+// keepalive learns of it at its next renewal, which the notification
+// brings forward to about a round trip when the holder's client listens
+// (Lead's always does; a client that never waits, observes or leads learns
+// within TTL/3). The holder's Context then ends with cause ErrHandover, but
+// the lease stays held and renewed until it is released: Run and Lead
+// release as soon as fn returns (Lead campaigns again only after one TTL),
+// and a waiter on any replica, woken by the release, takes over within a
+// round trip. So — unlike ForceRelease — no one else holds the lease while
+// the old holder's work may still run. RequestHandover waits until the
+// grant it asked is gone; a holder that does not release within its
+// timeout is reported (ErrHandoverTimeout, naming it) and keeps the lease.
 //
 // # Leader election
 //
@@ -149,6 +191,12 @@
 //	pgfence.lease.hold.duration     histogram, s       outcome
 //	pgfence.lease.renewals          counter, {renewal} outcome
 //	pgfence.lease.lost              counter, {lease}   cause
+//	pgfence.lease.held              gauge, {lease}     (none)
+//	pgfence.lease.leader            gauge, {election}  (none)
+//
+// held and leader are observable up-down counters, read from the Client's
+// state at collection: the leases it holds now, and the Lead calls that
+// lead now (with WithNameAttribute: 1 per election led, by name).
 //
 // acquire.duration runs from an Acquire (try=false) or TryAcquire
 // (try=true) call, after input validation, to the grant or the failure;
@@ -186,6 +234,17 @@
 // With WithNameAttribute(true) every measurement also carries name, the
 // lease name; it is off by default because each name is a separate time
 // series.
+//
+// # Tracing
+//
+// A Client starts spans through the OpenTelemetry trace API on the
+// provider of WithTracerProvider (default: the global one):
+// pgfence.lease.acquire (the wait included), pgfence.lease.renew (Renew,
+// Extend, each keepalive batch), pgfence.lease.release,
+// pgfence.lease.force_release and pgfence.lease.handover, with attributes
+// pgfence.lease.name and pgfence.lease.fence; package fencing adds
+// pgfence.fenced_tx around InTx. Until a provider is installed nothing is
+// started and nothing allocated (a few tens of nanoseconds per call).
 //
 // Logs (WithLogger; discarded by default): "leases: acquired" and
 // "leases: released" at Debug; "leases: force-released" at Info (owner and

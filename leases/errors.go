@@ -26,6 +26,17 @@ var (
 	// Close released it).
 	ErrReleased = errors.New("leases: lease released")
 
+	// ErrHandover is the cause of a lease's context when an operator asked
+	// the grant to hand the lease over (Client.RequestHandover, `pgfence
+	// leases handover`). The lease is still held and renewed: stop the work
+	// and Release it (Run and Lead do), and a waiter takes over.
+	ErrHandover = errors.New("leases: hand-over requested")
+
+	// ErrHandoverTimeout is returned by RequestHandover when the holder did
+	// not release within the bound. It still holds the lease: nothing was
+	// forced.
+	ErrHandoverTimeout = errors.New("leases: holder did not hand over in time")
+
 	// ErrClosed is returned by a Client's methods after Close, and is part of
 	// the cause of the contexts of leases that Close released.
 	ErrClosed = errors.New("leases: client closed")

@@ -2,6 +2,7 @@ package leases_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -79,4 +80,91 @@ func ExampleClient_Lead() {
 	// Output:
 	// leading
 	// stepped down: <nil>
+}
+
+// A leader publishes its address with its lease (etcd's Proclaim); anyone
+// reads it with Get, List or Observe, and only the current grant can
+// change it.
+func ExampleWithData() {
+	pool, done := pgtest.ExamplePool()
+	defer done()
+	client, _ := leases.New(pool, leases.WithOwner("api-1"))
+	defer client.Close()
+
+	ctx := context.Background()
+	l, err := client.TryAcquire(ctx, "api/leader", 10*time.Second,
+		leases.WithData(json.RawMessage(`{"addr": "10.0.0.1:8080"}`)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+	info, _ := client.Get(ctx, "api/leader")
+	fmt.Println("leader at", string(info.Data))
+
+	// Moved: publish the new address (rejected if the grant is gone).
+	if err := l.SetData(ctx, json.RawMessage(`{"addr": "10.0.0.1:9090"}`)); err != nil {
+		log.Fatal(err)
+	}
+	info, _ = client.Get(ctx, "api/leader")
+	fmt.Println("leader at", string(info.Data))
+	// Output:
+	// leader at {"addr": "10.0.0.1:8080"}
+	// leader at {"addr": "10.0.0.1:9090"}
+}
+
+// A job that turns out to need longer extends its lease with a new TTL;
+// the keepalive continues with it.
+func ExampleLease_Extend() {
+	pool, done := pgtest.ExamplePool()
+	defer done()
+	client, _ := leases.New(pool)
+	defer client.Close()
+
+	ctx := context.Background()
+	l, err := client.TryAcquire(ctx, "reports/rebuild", 30*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if err := l.Extend(ctx, 5*time.Minute); err != nil {
+		log.Fatal(err) // ErrLost: someone else may hold it now; stop
+	}
+	fmt.Println("ttl now", l.TTL())
+	// Output:
+	// ttl now 5m0s
+}
+
+// A rolling deploy asks the old leader to step down (River's
+// RequestResign): its fn's context ends with cause ErrHandover, Lead
+// releases once fn returns, and a waiting candidate takes over within a
+// round trip. Operators do the same with `pgfence leases handover NAME`.
+func ExampleClient_RequestHandover() {
+	pool, done := pgtest.ExamplePool()
+	defer done()
+	old, _ := leases.New(pool, leases.WithOwner("pod-old"))
+	defer old.Close()
+	deployer, _ := leases.New(pool, leases.WithOwner("deployer"))
+	defer deployer.Close()
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	leading := make(chan struct{})
+	led := make(chan error, 1)
+	go func() {
+		led <- old.Lead(ctx, "deploy/leader", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+			close(leading)
+			<-ctx.Done()
+			fmt.Println("old leader: hand-over requested:", errors.Is(context.Cause(ctx), leases.ErrHandover))
+			stop() // this pod is going away: do not campaign again
+			return nil
+		})
+	}()
+	<-leading
+	_, err := deployer.RequestHandover(context.Background(), "deploy/leader", 10*time.Second)
+	fmt.Println("handed over:", err == nil)
+	fmt.Println("Lead returned:", <-led)
+	// Output:
+	// old leader: hand-over requested: true
+	// handed over: true
+	// Lead returned: <nil>
 }

@@ -106,12 +106,13 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 func (c *Client) onDeadline(l *Lease) {
 	c.mu.Lock()
 	stale := l.state != stateHeld || time.Now().Before(l.deadline)
+	ttl := l.ttl
 	c.mu.Unlock()
 	if stale {
 		return // renewed meanwhile (the timer was reset) or already gone
 	}
 	c.lose(l, lostDeadline, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
-		l.name, l.fence, l.ttl, margin(l.ttl), ErrLost), true)
+		l.name, l.fence, ttl, margin(ttl), ErrLost), true)
 }
 
 func (c *Client) kickKeepalive() {
@@ -173,17 +174,27 @@ func (c *Client) tick() (again bool) {
 	c.mu.Lock()
 	orphans := c.orphans
 	c.orphans = nil
-	var due []*Lease
+	var due []renewal
 	var minTTL time.Duration
 	for _, l := range c.held {
-		if !l.nextRenew.After(now.Add(l.ttl / 12)) {
-			due = append(due, l)
-			if minTTL == 0 || l.ttl < minTTL {
-				minTTL = l.ttl
-			}
+		if l.nextRenew.After(now.Add(l.ttl / 12)) {
+			continue
+		}
+		if !l.renewMu.TryLock() {
+			again = true // Renew or Extend is renewing it: look again shortly
+			continue
+		}
+		due = append(due, renewal{l, l.ttl})
+		if minTTL == 0 || l.ttl < minTTL {
+			minTTL = l.ttl
 		}
 	}
 	c.mu.Unlock()
+	defer func() {
+		for _, r := range due {
+			r.l.renewMu.Unlock()
+		}
+	}()
 
 	if len(orphans) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
@@ -196,7 +207,7 @@ func (c *Client) tick() (again bool) {
 		// Bounded so that a silent network cannot stall the next tick past
 		// the earliest deadline; those deadlines fire on their own anyway.
 		ctx, cancel := context.WithTimeout(context.Background(), minTTL/3)
-		again = c.renewBatch(ctx, due)
+		again = c.renewBatch(ctx, due) || again
 		cancel()
 	}
 
@@ -211,26 +222,42 @@ func (c *Client) tick() (again bool) {
 	return again
 }
 
-// renewBatch renews ls in one statement. Leases the statement reports
+// renewal is a lease due for renewal, with the TTL it is renewed for. The
+// keepalive holds the lease's renewMu while the renewal is in flight.
+type renewal struct {
+	l   *Lease
+	ttl time.Duration
+}
+
+// renewBatch renews rs in one statement. Leases the statement reports
 // gone are lost at once; busy ones, and all of them on an error, stay due.
-func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
-	names := make([]string, len(ls))
-	owners := make([]string, len(ls))
-	fences := make([]int64, len(ls))
-	ttls := make([]int64, len(ls))
-	byName := make(map[string]*Lease, len(ls))
-	for i, l := range ls {
-		names[i], owners[i], fences[i], ttls[i] = l.name, l.owner, l.fence, l.ttl.Microseconds()
+func (c *Client) renewBatch(ctx context.Context, rs []renewal) (again bool) {
+	names := make([]string, len(rs))
+	owners := make([]string, len(rs))
+	fences := make([]int64, len(rs))
+	ttls := make([]int64, len(rs))
+	byName := make(map[string]*Lease, len(rs))
+	for i, r := range rs {
+		l := r.l
+		names[i], owners[i], fences[i], ttls[i] = l.name, l.owner, l.fence, r.ttl.Microseconds()
 		byName[l.name] = l
 	}
 	reqStart := time.Now()
 	failed := func(err error) bool {
-		for _, l := range ls {
-			c.m.recordRenewal(l.name, renewError)
+		for _, r := range rs {
+			c.m.recordRenewal(r.l.name, renewError)
 		}
-		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(ls), "err", err)
+		c.log.Warn("leases: renew failed; retrying until the local deadline", "leases", len(rs), "err", err)
 		return true
 	}
+	var spanName string
+	var spanFence int64
+	if len(rs) == 1 {
+		spanName, spanFence = rs[0].l.name, rs[0].l.fence
+	}
+	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
+	var err error
+	defer func() { span.End(0, err) }()
 	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
 	if err != nil {
 		return failed(err)
@@ -239,12 +266,13 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		l         *Lease
 		expiresAt *time.Time
 		busy      bool
+		handover  bool
 	}
-	results := make([]result, 0, len(ls))
+	results := make([]result, 0, len(rs))
 	for rows.Next() {
 		var name string
 		var r result
-		if err := rows.Scan(&name, &r.expiresAt, &r.busy); err != nil {
+		if err := rows.Scan(&name, &r.expiresAt, &r.busy, &r.handover); err != nil {
 			rows.Close()
 			return failed(err)
 		}
@@ -262,6 +290,9 @@ func (c *Client) renewBatch(ctx context.Context, ls []*Lease) (again bool) {
 		case r.expiresAt != nil:
 			c.m.recordRenewal(r.l.name, renewRenewed)
 			c.renewedLocked(r.l, reqStart, *r.expiresAt)
+			if r.handover {
+				c.handoverLocked(r.l)
+			}
 		case r.busy:
 			c.m.recordRenewal(r.l.name, renewBusy)
 			again = true

@@ -2,8 +2,10 @@ package leases
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence/fencing"
@@ -18,6 +20,9 @@ type Info struct {
 	AcquiredAt time.Time
 	RenewedAt  time.Time
 	ExpiresAt  time.Time
+	// Data is the JSON value the grant published (WithData, SetData),
+	// compact as PostgreSQL's jsonb prints it; nil for none.
+	Data json.RawMessage
 }
 
 // Lease is one grant of a named lease to this client. It stays held while
@@ -28,14 +33,22 @@ type Lease struct {
 	name   string
 	owner  string
 	fence  int64
-	ttl    time.Duration
 	since  time.Time // local clock when the grant was received: hold duration
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	sem    string // the semaphore whose slot this grant is; "" for a lease
 	slot   int    // the slot's number, from 1; 0 for a lease
 
+	// renewMu serialises the statements that renew this grant (Renew,
+	// Extend, the keepalive's batch), so that the local deadline always
+	// follows the request PostgreSQL applied last. The keepalive only
+	// tries it and retries shortly if it is taken. Taken before c.mu.
+	renewMu sync.Mutex
+
 	// Guarded by c.mu.
+	ttl        time.Duration // changed by Extend
+	data       json.RawMessage
+	handover   bool // an operator asked this grant to step down
 	state      leaseState
 	acquiredAt time.Time // server clock
 	expiresAt  time.Time // server clock, as of the last grant/renew
@@ -75,7 +88,11 @@ func (l *Lease) Fence() int64 { return l.fence }
 func (l *Lease) Token() fencing.Token { return fencing.Token{Lease: l.name, Fence: l.fence} }
 
 // TTL returns the lease's time to live.
-func (l *Lease) TTL() time.Duration { return l.ttl }
+func (l *Lease) TTL() time.Duration {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.ttl
+}
 
 // ExpiresAt returns the server's expires_at as of the last successful grant
 // or renewal (database clock; do not compare it with the local clock).
@@ -90,7 +107,9 @@ func (l *Lease) ExpiresAt() time.Time {
 // successful grant/renewal request + TTL − TTL/10, on the monotonic clock)
 // if no renewal succeeded by then, at once when a renewal finds the grant
 // gone, and on Release or Close. The cause (context.Cause) wraps ErrLost or
-// ErrReleased. Do the lease's work under this context and check it before
+// ErrReleased — or ErrHandover when an operator asked for a hand-over: then
+// the lease is still held and renewed until Release, so stop the work and
+// release it. Do the lease's work under this context and check it before
 // every externally visible effect; it is not derived from the context
 // passed to Acquire.
 func (l *Lease) Context() context.Context { return l.ctx }
@@ -99,8 +118,9 @@ func (l *Lease) Context() context.Context { return l.ctx }
 // (Context().Done()).
 func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
-// Err returns nil while the lease is held, then an error wrapping ErrLost
-// or ErrReleased (the cause of Context).
+// Err returns nil while the lease is held and no hand-over was requested,
+// then an error wrapping ErrLost, ErrReleased or ErrHandover (the cause of
+// Context).
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
 		return nil
@@ -118,9 +138,13 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
 	start := time.Now()
 	var expiresAt *time.Time
-	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.ttl.Microseconds()).Scan(&expiresAt)
+	ctx, span := l.c.tr.Start(ctx, spanRenew, l.name, l.fence)
+	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.TTL().Microseconds()).Scan(&expiresAt)
+	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
 		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
@@ -186,11 +210,13 @@ func (l *Lease) Release(ctx context.Context) error {
 
 	var live *bool
 	var err error
+	ctx, span := c.tr.Start(ctx, spanRelease, l.name, l.fence)
 	if minHold > 0 {
 		err = c.pool.QueryRow(ctx, c.releaseAtLeastSQL(), l.name, l.owner, l.fence, minHold.Microseconds()).Scan(&live, new(string))
 	} else {
 		err = c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
 	}
+	span.End(0, err)
 	switch {
 	case err == nil && live == nil && !wasHeld:
 		// An earlier Release (or Close) that reported an error ended it.

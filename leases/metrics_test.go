@@ -310,3 +310,45 @@ func BenchmarkRecordNoProvider(b *testing.B) {
 		}
 	}
 }
+
+// The gauges count the leases held and the elections led, read at
+// collection time.
+func TestGaugesHeldAndLeading(t *testing.T) {
+	t.Parallel()
+	mr := metrictest.New(t)
+	c, _ := setup(t, WithMeterProvider(mr.MP))
+	ctx := testContext(t)
+	a, err := c.TryAcquire(ctx, "gauge/a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryAcquire(ctx, "gauge/b", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	leading := make(chan struct{})
+	lctx, stop := context.WithCancel(ctx)
+	led := make(chan error, 1)
+	go func() {
+		led <- c.Lead(lctx, "gauge/leader", time.Minute, func(ctx context.Context, _ *Lease) error {
+			close(leading)
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	<-leading
+	got := mr.Collect(t)
+	if h, l := metrictest.Total(got, metricHeld), metrictest.Total(got, metricLeader); h != 3 || l != 1 {
+		t.Errorf("held %v, leader %v; want 3 and 1", h, l)
+	}
+	stop()
+	if err := <-led; err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got = mr.Collect(t)
+	if h, l := metrictest.Total(got, metricHeld), metrictest.Total(got, metricLeader); h != 1 || l != 0 {
+		t.Errorf("after stepping down and a release: held %v, leader %v; want 1 and 0", h, l)
+	}
+}

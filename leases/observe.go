@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -11,7 +12,8 @@ type observer struct {
 }
 
 // Observe reports who holds the named lease. The channel first receives
-// the current grant, then every change of holder (a new owner or fence):
+// the current grant, then every change of holder (a new owner or fence)
+// or of the holder's data (Lease.SetData):
 // releases and force-releases within about a round trip (notifications),
 // other changes — expiries, grants — within the poll interval or at the
 // holder's expiry. An Info with an empty Owner (and zero Fence) means
@@ -81,7 +83,7 @@ func (c *Client) observe(ctx context.Context, name string, o *observer, ch chan 
 			if err == nil {
 				delay = min(delay, remaining+time.Millisecond)
 			}
-			if first || info.Owner != last.Owner || info.Fence != last.Fence {
+			if first || info.Owner != last.Owner || info.Fence != last.Fence || !bytes.Equal(info.Data, last.Data) {
 				select {
 				case ch <- info:
 				case <-ctx.Done():

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Limits and defaults.
@@ -42,6 +43,7 @@ type config struct {
 	pollInterval time.Duration
 	notify       bool
 	meter        metric.MeterProvider // nil: otel.GetMeterProvider() at New
+	tracer       trace.TracerProvider // nil: the global provider
 	nameAttr     bool
 
 	durableRelease bool

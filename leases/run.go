@@ -12,13 +12,15 @@ import (
 // (whichever first; the cause says which), then releases the lease with
 // a 5s timeout that ignores ctx's cancellation. It returns Acquire's error,
 // or fn's error; if the lease was lost while fn ran, the returned error
-// wraps ErrLost (also when fn returned nil). fn must stop its work when its
+// wraps ErrLost (also when fn returned nil). On a hand-over request fn's
+// context ends with cause ErrHandover and Run releases once fn returns.
+// opts configure the grant (WithData). fn must stop its work when its
 // context ends: after that, another owner may hold the lease.
-func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
 	if fn == nil {
 		return invalid("leases: fn must not be nil")
 	}
-	l, err := c.Acquire(ctx, name, ttl)
+	l, err := c.Acquire(ctx, name, ttl, opts...)
 	if err != nil {
 		return err
 	}
@@ -59,12 +61,19 @@ func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Cont
 // errors while campaigning are logged and retried with backoff; bad input,
 // a missing schema or a closed client are returned. At most one fn runs at
 // a time per lease name across all clients (as judged by PostgreSQL), as
-// long as fn honours its context.
-func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+// long as fn honours its context. When an operator requests a hand-over
+// (RequestHandover), fn's context ends with cause ErrHandover; once fn
+// returns, Lead releases — a waiting candidate takes over within a round
+// trip — and campaigns again only after one TTL. opts configure each
+// grant (WithData: a leader's address, say).
+func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
 	if fn == nil {
 		return invalid("leases: fn must not be nil")
 	}
 	if err := validate(name, ttl); err != nil {
+		return err
+	}
+	if _, err := acquireOptions(opts); err != nil {
 		return err
 	}
 	// The listener wakes the campaign when the leader releases, and makes
@@ -72,7 +81,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 	c.startListener()
 	backoff := 100 * time.Millisecond
 	for {
-		l, err := c.Acquire(ctx, name, ttl)
+		l, err := c.Acquire(ctx, name, ttl, opts...)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
@@ -97,10 +106,27 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		}
 		backoff = 100 * time.Millisecond
 		c.log.Info("leases: became leader", "name", name, "owner", l.owner, "fence", l.fence)
+		c.setLeading(name, 1)
 		err = c.runHeld(ctx, l, fn)
+		c.setLeading(name, -1)
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case errors.Is(context.Cause(l.ctx), ErrHandover) && !c.isClosed():
+			// Stepped down on request: leave the lease to the other
+			// candidates, woken by the release, for a TTL before
+			// campaigning again.
+			c.log.Info("leases: handed leadership over; campaigning again after a TTL", "name", name, "fence", l.fence, "err", err)
+			t := time.NewTimer(ttl)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-c.done:
+				t.Stop()
+				return ErrClosed
+			}
 		case errors.Is(err, ErrLost):
 			c.log.Warn("leases: leadership lost; campaigning again", "name", name, "fence", l.fence, "err", err)
 		case c.isClosed():

@@ -186,7 +186,7 @@ func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info,
 	if !granted {
 		return nil, info, remaining, nil
 	}
-	l, err := c.granted(ctx, info, ttl, start, s.name, int(*slot))
+	l, err := c.granted(ctx, info, ttl, start, s.name, int(*slot), nil)
 	return l, info, remaining, err
 }
 

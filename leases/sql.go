@@ -16,12 +16,22 @@ const (
 	// sqlGrant: one attempt. The row says whether it was granted, and
 	// describes the new grant or else the holder; remaining_us is the time
 	// to its expiry. No row: the holder committed while the call ran.
-	sqlGrant = `SELECT granted, holder, fence, acquired_at, renewed_at, expires_at, remaining_us
-  FROM pgfence.try_acquire($1, $2, $3)`
+	// $4 is the new grant's data (NULL: none); holder_data is the data of
+	// the grant the row describes (migration 5).
+	sqlGrant = `SELECT granted, holder, fence, acquired_at, renewed_at, expires_at, remaining_us, holder_data
+  FROM pgfence.try_acquire($1, $2, $3, $4)`
+
+	// sqlSetData replaces one grant's data. NULL: the grant is not live.
+	sqlSetData = `SELECT pgfence.set_data($1, $2, $3, $4)`
 
 	// sqlRenewBatch renews many grants in one statement (a keepalive
 	// tick), skipping rows locked by someone else (busy).
-	sqlRenewBatch = `SELECT lease, expires_at, busy FROM pgfence.renew_many($1, $2, $3, $4)`
+	// handover says an operator asked the grant to step down (migration 5).
+	sqlRenewBatch = `SELECT lease, expires_at, busy, handover FROM pgfence.renew_batch($1, $2, $3, $4)`
+
+	// sqlRequestHandover asks the live grant of $1 to step down and
+	// notifies; no row: nobody holds it.
+	sqlRequestHandover = `SELECT holder, fence FROM pgfence.request_handover($1)`
 
 	// sqlRenew renews one grant, waiting for row locks. NULL: lost.
 	sqlRenew = `SELECT pgfence.renew($1, $2, $3, $4)`
@@ -59,13 +69,13 @@ const (
  ORDER BY a.pid`
 
 	// sqlGet reads a lease's live grant, with the time to its expiry.
-	sqlGet = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at,
+	sqlGet = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata,
        (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint
   FROM pgfence.leases
  WHERE name = $1 AND expires_at > clock_timestamp()`
 
 	// sqlList reads every live grant.
-	sqlList = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at
+	sqlList = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata
   FROM pgfence.leases
  WHERE expires_at > clock_timestamp()
  ORDER BY name`

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -18,7 +19,7 @@ import (
 func newLeasesCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "leases",
-		Short: "Inspect and force-release leases",
+		Short: "Inspect, hand over and force-release leases",
 		Args:  argsUsage(cobra.NoArgs),
 		RunE:  action(func(cmd *cobra.Command, _ []string) error { return cmd.Help() }),
 	}
@@ -122,7 +123,57 @@ grant it) and tries once more; their open transactions roll back.`,
 	release.Flags().BoolVar(&force, "force", false, "confirm that the lease should be broken")
 	release.Flags().DurationVar(&timeout, "timeout", leases.DefaultForceReleaseTimeout, "how long to wait for a lease row locked by the holder's open transaction (1ms..1h)")
 	release.Flags().BoolVar(&terminate, "terminate", false, "end the backends that block the release (their transactions roll back) and try again")
-	cmd.AddCommand(ls, release)
+	var handoverTimeout time.Duration
+	handover := &cobra.Command{
+		Use:   "handover [--timeout D] NAME",
+		Short: "Ask the holder of a lease to step down, and wait until it has",
+		Long: `Ask the holder of lease NAME to hand it over, for a rolling deploy, and
+wait until it has released. The holder's lease context ends (cause: hand-over
+requested) while it still holds the lease; Run and Lead release once their
+work has returned, and a waiting replica takes over within a round trip. So,
+unlike 'release --force', nobody else holds the lease while the old holder's
+work may still run. A holder whose client listens (Lead) hears the request at
+once; others at their next renewal (within a third of the TTL).
+
+A holder that does not release within --timeout is reported (exit 1) and
+keeps the lease: nothing is forced. Fails (exit 1) when nobody holds NAME.
+The role needs pgfence_operator.`,
+		Args: argsUsage(cobra.ExactArgs(1)),
+		RunE: action(func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if err := validateLeaseName(name); err != nil {
+				return err
+			}
+			if handoverTimeout < time.Millisecond || handoverTimeout > time.Hour {
+				return usageErrorf("--timeout must be between 1ms and 1h, got %s", handoverTimeout)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return withLeases(ctx, g, "pgfence leases handover", nil, func(ctx context.Context, lc *leases.Client, _ time.Time) error {
+				asked, err := lc.RequestHandover(ctx, name, handoverTimeout)
+				switch {
+				case errors.Is(err, leases.ErrNotHeld):
+					return fmt.Errorf("lease %q is not held (no such lease, or it has already expired): nothing to hand over; see 'pgfence leases ls'", name)
+				case errors.Is(err, leases.ErrHandoverTimeout):
+					return fmt.Errorf("%w; it keeps the lease (if it is stuck: pgfence leases release --force %s)", err, name)
+				case err != nil:
+					return err
+				}
+				now, err := lc.Get(ctx, name)
+				next := "nobody yet"
+				if err == nil {
+					next = fmt.Sprintf("%s (fence %d)", now.Owner, now.Fence)
+				} else if !errors.Is(err, leases.ErrNotHeld) {
+					return fmt.Errorf("read lease %q: %w", name, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "handed over lease %q: %s (fence %d) stepped down; now held by %s\n",
+					name, asked.Owner, asked.Fence, next)
+				return nil
+			})
+		}),
+	}
+	handover.Flags().DurationVar(&handoverTimeout, "timeout", 30*time.Second, "how long to wait for the holder to release (1ms..1h)")
+	cmd.AddCommand(ls, release, handover)
 	return cmd
 }
 
@@ -185,6 +236,8 @@ type leaseRow struct {
 	// HeldForSeconds is how long the current owner has held the lease;
 	// absent once expired.
 	HeldForSeconds *float64 `json:"held_for_seconds,omitempty"`
+	// Data is the JSON value the grant published; absent for none.
+	Data json.RawMessage `json:"data,omitempty"`
 }
 
 func newLeaseRow(in leases.Info, now time.Time) leaseRow {
@@ -193,6 +246,7 @@ func newLeaseRow(in leases.Info, now time.Time) leaseRow {
 		AcquiredAt: in.AcquiredAt, RenewedAt: in.RenewedAt, ExpiresAt: in.ExpiresAt,
 		Expired:          !in.ExpiresAt.After(now),
 		ExpiresInSeconds: in.ExpiresAt.Sub(now).Seconds(),
+		Data:             in.Data,
 	}
 	if !r.Expired {
 		h := now.Sub(in.AcquiredAt).Seconds()
@@ -208,7 +262,7 @@ func printLeases(cmd *cobra.Command, rows []leaseRow) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tOWNER\tFENCE\tEXPIRES\tHELD FOR")
+	fmt.Fprintln(tw, "NAME\tOWNER\tFENCE\tEXPIRES\tHELD FOR\tDATA")
 	for _, r := range rows {
 		d := time.Duration(r.ExpiresInSeconds * float64(time.Second))
 		expires, held := "in "+human(d), "-"
@@ -218,7 +272,11 @@ func printLeases(cmd *cobra.Command, rows []leaseRow) error {
 		if r.HeldForSeconds != nil {
 			held = human(time.Duration(*r.HeldForSeconds * float64(time.Second)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", r.Name, r.Owner, r.Fence, expires, held)
+		data := "-"
+		if r.Data != nil {
+			data = string(r.Data)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Owner, r.Fence, expires, held, data)
 	}
 	return tw.Flush()
 }

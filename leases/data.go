@@ -1,0 +1,123 @@
+package leases
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Data with a lease: a grant may carry a small JSON value that anyone can
+// read (Get, List, Observe, HeldError, `pgfence leases ls`) and that only
+// the grant itself can replace — etcd's Proclaim, Chubby's "the leader
+// publishes its address". It lives in the lease row (pgfence.leases.metadata)
+// and ends with the grant: the next grant starts with its own data, or none.
+
+// MaxDataLen is the largest data a grant may carry: bytes of compact JSON
+// text. Larger values are rejected before anything is sent (ErrInvalid), and
+// PostgreSQL enforces the same bound (pgfence.check_data).
+const MaxDataLen = 1024
+
+// AcquireOption configures one grant: Acquire, TryAcquire, Run and Lead
+// take them after their other arguments. An invalid one makes the call
+// return an error wrapping ErrInvalid, having written nothing.
+type AcquireOption func(*acquireConfig) error
+
+type acquireConfig struct {
+	data json.RawMessage // compact JSON; nil: none
+}
+
+// WithData attaches data, a JSON value of at most MaxDataLen bytes once
+// compacted, to the grant, written in the same statement that grants it
+// (no extra round trip). It is what others see as Info.Data while the grant
+// lasts; Lease.SetData replaces it. Default: none (NULL).
+func WithData(data json.RawMessage) AcquireOption {
+	return func(c *acquireConfig) error {
+		d, err := compactData(data)
+		if err != nil {
+			return err
+		}
+		c.data = d
+		return nil
+	}
+}
+
+// acquireOptions applies opts.
+func acquireOptions(opts []AcquireOption) (acquireConfig, error) {
+	var cfg acquireConfig
+	for _, opt := range opts {
+		if opt == nil {
+			return cfg, invalid("leases: acquire option must not be nil")
+		}
+		if err := opt(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// compactData validates data as JSON within MaxDataLen bytes and returns
+// it compacted (nil for nil).
+func compactData(data json.RawMessage) (json.RawMessage, error) {
+	if data == nil {
+		return nil, nil
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, data); err != nil {
+		return nil, invalid(fmt.Sprintf("leases: data must be a JSON value: %v", err))
+	}
+	if b.Len() > MaxDataLen {
+		return nil, invalid(fmt.Sprintf("leases: data must be at most %d bytes of JSON, got %d", MaxDataLen, b.Len()))
+	}
+	return b.Bytes(), nil
+}
+
+// dataArg is data as a statement parameter: NULL for none.
+func dataArg(data json.RawMessage) any {
+	if data == nil {
+		return nil
+	}
+	return string(data)
+}
+
+// Data returns the data of this grant as this client last wrote it
+// (WithData, SetData), compact; nil for none.
+func (l *Lease) Data() json.RawMessage {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.data
+}
+
+// SetData replaces the grant's data with data (nil removes it), waiting for
+// row locks as long as ctx allows. Only this grant can: the statement names
+// (name, owner, fence) and writes only while the grant is live by the
+// database clock, so a holder that lost the lease — expired, force-released,
+// taken over — writes nothing and gets an error wrapping ErrLost (the lease
+// is then lost, as after a failed renewal). Waiters and observers of the
+// lease are told (Observe reports the new data within about a round trip).
+// Data that is not JSON or longer than MaxDataLen returns an error wrapping
+// ErrInvalid and writes nothing; a database error leaves the data as it
+// was. Returns Err() if the lease is no longer held. Safe to repeat.
+func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
+	d, err := compactData(data)
+	if err != nil {
+		return err
+	}
+	if err := l.Err(); err != nil {
+		return err
+	}
+	var ok *bool
+	err = l.c.pool.QueryRow(ctx, sqlSetData, l.name, l.owner, l.fence, dataArg(d)).Scan(&ok)
+	if err != nil {
+		return dbError(fmt.Sprintf("set data of %q", l.name), err)
+	}
+	if ok == nil {
+		lost := fmt.Errorf("set data of %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		l.c.lose(l, lostRenewRejected, lost, false)
+		return lost
+	}
+	l.c.mu.Lock()
+	l.data = d
+	l.c.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,249 @@
+package leases
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Data attached at the grant is read back by Get, List, HeldError and
+// Observe; SetData replaces it and observers see the new value at once
+// (a notification, not the 10s poll).
+func TestDataReadEverywhere(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2, WithPollInterval(10*time.Second))
+	a, b := cs[0], cs[1]
+	ctx := testContext(t)
+	l, err := a.TryAcquire(ctx, "leader", time.Minute, WithData(json.RawMessage(`{ "addr" : "10.0.0.1:8080" }`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"addr": "10.0.0.1:8080"}` // jsonb's text form
+	if got := string(l.Data()); got != `{"addr":"10.0.0.1:8080"}` {
+		t.Errorf("Lease.Data = %s, want the compact value", got)
+	}
+	info, err := b.Get(ctx, "leader")
+	if err != nil || string(info.Data) != want {
+		t.Errorf("Get: %s, %v; want %s", info.Data, err, want)
+	}
+	infos, err := b.List(ctx)
+	if err != nil || len(infos) != 1 || string(infos[0].Data) != want {
+		t.Errorf("List: %+v, %v; want one lease with data %s", infos, err, want)
+	}
+	var held *HeldError
+	if _, err := b.TryAcquire(ctx, "leader", time.Minute); !errors.As(err, &held) || string(held.Holder.Data) != want {
+		t.Errorf("TryAcquire of a held lease: %v; want a HeldError carrying the holder's data", err)
+	}
+
+	ch, err := b.Observe(ctx, "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := <-ch; string(first.Data) != want {
+		t.Errorf("Observe first value: %s, want %s", first.Data, want)
+	}
+	waitListening(t, b)
+	begin := time.Now()
+	if err := l.SetData(ctx, json.RawMessage(`{"addr":"10.0.0.2:8080"}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case info := <-ch:
+		if string(info.Data) != `{"addr": "10.0.0.2:8080"}` || info.Fence != l.Fence() {
+			t.Errorf("observed %+v, want the new data under fence %d", info, l.Fence())
+		}
+		if took := time.Since(begin); took > 5*time.Second {
+			t.Errorf("observer saw the new data after %s, want far below the 10s poll", took)
+		}
+	case <-ctx.Done():
+		t.Fatal("observer never saw the new data")
+	}
+	if err := l.SetData(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := a.Get(ctx, "leader"); err != nil || info.Data != nil || l.Data() != nil {
+		t.Errorf("after SetData(nil): Get %s, %v, Lease.Data %s; want no data", info.Data, err, l.Data())
+	}
+
+	// The next grant starts without the old grant's data.
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetData(ctx, json.RawMessage(`1`)); !errors.Is(err, ErrReleased) {
+		t.Errorf("SetData after Release: %v, want ErrReleased", err)
+	}
+	l2, err := b.TryAcquire(ctx, "leader", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := a.Get(ctx, "leader"); err != nil || info.Data != nil || l2.Data() != nil {
+		t.Errorf("next grant: data %s, %v; want none", info.Data, err)
+	}
+}
+
+// Oversize or malformed data is refused with ErrInvalid and nothing is
+// written — by the client, and by PostgreSQL for SQL callers.
+func TestDataBoundsWriteNothing(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t)
+	ctx := testContext(t)
+	big := json.RawMessage(`"` + strings.Repeat("x", MaxDataLen-1) + `"`) // MaxDataLen+1 bytes
+	for _, d := range []json.RawMessage{big, json.RawMessage(`{"a":`), json.RawMessage(``)} {
+		if _, err := c.TryAcquire(ctx, "bounded", time.Minute, WithData(d)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("TryAcquire with data of %d bytes: %v, want ErrInvalid", len(d), err)
+		}
+	}
+	if err := c.Run(ctx, "bounded", time.Minute, func(context.Context, *Lease) error { return nil }, WithData(big)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Run with oversize data: %v, want ErrInvalid", err)
+	}
+	if !strings.Contains(func() string { _, err := c.TryAcquire(ctx, "bounded", time.Minute, WithData(big)); return err.Error() }(), "at most 1024 bytes") {
+		t.Error("the oversize error does not name the bound")
+	}
+	if _, err := c.Get(ctx, "bounded"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("after refused grants: Get %v, want ErrNotHeld (nothing written)", err)
+	}
+	fits := json.RawMessage(`"` + strings.Repeat("x", MaxDataLen-2) + `"`)
+	l, err := c.TryAcquire(ctx, "bounded", time.Minute, WithData(fits))
+	if err != nil {
+		t.Fatalf("data of exactly MaxDataLen bytes: %v", err)
+	}
+	if err := l.SetData(ctx, big); !errors.Is(err, ErrInvalid) {
+		t.Errorf("SetData oversize: %v, want ErrInvalid", err)
+	}
+	// PostgreSQL's own bound, as an SQL caller meets it.
+	_, err = pool.Exec(ctx, `SELECT pgfence.set_data($1, $2, $3, $4)`, l.Name(), l.Owner(), l.Fence(), string(big))
+	if code := sqlstate(err); code != "22023" {
+		t.Errorf("set_data oversize in SQL: %v, want SQLSTATE 22023", err)
+	}
+	_, err = pool.Exec(ctx, `SELECT * FROM pgfence.try_acquire('other', 'me', 60000000, $1)`, string(big))
+	if code := sqlstate(err); code != "22023" {
+		t.Errorf("try_acquire oversize in SQL: %v, want SQLSTATE 22023", err)
+	}
+	if info, err := c.Get(ctx, "bounded"); err != nil || len(info.Data) != MaxDataLen || l.Err() != nil {
+		t.Errorf("after refused updates: %d bytes of data, %v, lease %v; want the old value, still held", len(info.Data), err, l.Err())
+	}
+	if _, err := c.Get(ctx, "other"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("after a refused SQL grant: Get %v, want ErrNotHeld", err)
+	}
+}
+
+func sqlstate(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// A data update races a takeover and is rejected, whichever way the race
+// goes. Live holder: an operator's transaction force-releases the lease
+// and grants it to b; the holder's update, issued meanwhile, waits for that
+// transaction's row lock, re-checks the new row version when it commits,
+// and writes nothing. Holder paused past its TTL (its context not yet
+// cancelled): the expired grant no longer matches, committed takeover or
+// not. Either way: ErrLost, the lease is lost, b's data stands.
+func TestSetDataRacingTakeover(t *testing.T) {
+	t.Parallel()
+	for _, paused := range []bool{false, true} {
+		c, pool := setup(t, withoutKeepalive())
+		ctx := testContext(t)
+		ttl := time.Minute
+		if paused {
+			ttl = MinTTL
+		}
+		l, err := c.TryAcquire(ctx, "race", ttl, WithData(json.RawMessage(`"a"`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if paused {
+			pause(c, l)
+			waitExpired(t, pool, "race")
+		} else if _, err := tx.Exec(ctx, `SELECT pgfence.force_release('race')`); err != nil {
+			t.Fatal(err)
+		}
+		var fence int64
+		if err := tx.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('race', 'b', 60000000, '"b"') WHERE granted`).Scan(&fence); err != nil {
+			t.Fatalf("takeover: %v", err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- l.SetData(ctx, json.RawMessage(`"a2"`)) }()
+		if paused {
+			if err := <-done; !errors.Is(err, ErrLost) {
+				t.Errorf("paused holder: SetData during an uncommitted takeover: %v, want ErrLost", err)
+			}
+		} else {
+			waitLockWait(t, pool, "set_data")
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !paused {
+			if err := <-done; !errors.Is(err, ErrLost) {
+				t.Errorf("live holder: SetData racing a takeover: %v, want ErrLost", err)
+			}
+		}
+		if !errors.Is(l.Err(), ErrLost) {
+			t.Errorf("paused %v: lease after the rejected update: %v, want lost", paused, l.Err())
+		}
+		info, err := c.Get(ctx, "race")
+		if err != nil || string(info.Data) != `"b"` || info.Fence != fence || fence <= l.Fence() {
+			t.Errorf("paused %v: after the race: %+v, %v; want b's data under fence %d > %d", paused, info, err, fence, l.Fence())
+		}
+	}
+}
+
+// pause simulates a holder paused past its TTL: its local deadline never
+// comes, so its context stays alive while the grant expires.
+func pause(c *Client, l *Lease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l.timer.Stop()
+	l.deadline = time.Now().Add(time.Hour)
+}
+
+// waitExpired waits until the named lease's grant has expired by the
+// database clock.
+func waitExpired(t *testing.T, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	waitFor(t, pool, `SELECT NOT EXISTS (SELECT FROM pgfence.leases WHERE name = $1 AND expires_at > clock_timestamp())`, name)
+}
+
+// waitLockWait waits until a backend running a statement containing text
+// waits for a lock.
+func waitLockWait(t *testing.T, pool *pgxpool.Pool, text string) {
+	t.Helper()
+	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid())`, text)
+}
+
+// waitFor polls query (one boolean, argument arg) until it is true.
+func waitFor(t *testing.T, pool *pgxpool.Pool, query string, arg any) {
+	t.Helper()
+	ctx := testContext(t)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var ok bool
+		if err := pool.QueryRow(ctx, query, arg).Scan(&ok); err != nil {
+			t.Fatalf("wait: %v", err)
+		}
+		if ok {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("wait: condition never held: %s", query)
+		}
+	}
+}

@@ -1,0 +1,71 @@
+package leases
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Extend renews the lease now with a new TTL (ShedLock's extendActiveLock):
+// PostgreSQL sets expires_at to its clock plus ttl, and from then on the
+// keepalive renews with ttl. The local deadline is recomputed by the same
+// rule as for every renewal — start of this request + ttl − ttl/10 — and
+// replaces the old one even when it is sooner (a shorter ttl), so that it
+// always falls before the server's expires_at. It waits for row locks as
+// long as ctx allows, and is serialised with the keepalive's renewals of
+// this lease.
+//
+// It returns nil on success; an error wrapping ErrInvalid (and changes
+// nothing) for ttl < MinTTL; an error wrapping ErrLost (and the lease is
+// lost) if the grant is gone; Err() if the lease is no longer held; and
+// another error if PostgreSQL could not be reached — the lease then keeps
+// its old TTL and stays held until its old local deadline. Safe to repeat.
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if err := validateTTL(ttl); err != nil {
+		return err
+	}
+	if err := l.Err(); err != nil {
+		return err
+	}
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
+	c := l.c
+	start := time.Now()
+	var expiresAt *time.Time
+	ctx, span := c.tr.Start(ctx, spanRenew, l.name, l.fence)
+	err := c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, ttl.Microseconds()).Scan(&expiresAt)
+	span.End(0, err)
+	if err == nil && expiresAt == nil {
+		c.m.recordRenewal(l.name, renewLost)
+		lost := fmt.Errorf("extend %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		c.lose(l, lostRenewRejected, lost, false)
+		return l.Err()
+	}
+	if err != nil {
+		c.m.recordRenewal(l.name, renewError)
+		return dbError(fmt.Sprintf("extend %q", l.name), err)
+	}
+	c.m.recordRenewal(l.name, renewRenewed)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l.state != stateHeld {
+		return context.Cause(l.ctx)
+	}
+	if !time.Now().Before(l.deadline) {
+		// The answer came after the old deadline: the lease is being lost
+		// (its timer is due); the new grant does not revive it.
+		return fmt.Errorf("extend %q: the answer arrived after the local deadline: %w", l.name, ErrLost)
+	}
+	// renewMu makes this the newest renewal of the grant: its deadline
+	// holds, later or sooner.
+	l.ttl = ttl
+	l.deadline = start.Add(ttl - margin(ttl))
+	l.nextRenew = start.Add(ttl / 3)
+	l.expiresAt = *expiresAt
+	l.timer.Reset(time.Until(l.deadline))
+	if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
+		c.nextDue = l.nextRenew
+		c.kickKeepalive()
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package leases
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// Extend to a longer TTL: PostgreSQL's expires_at moves to now + the new
+// TTL, the local deadline follows the same rule, and the keepalive renews
+// with the new TTL.
+func TestExtendLonger(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "extend", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	if err := l.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if l.TTL() != time.Minute {
+		t.Errorf("TTL after Extend: %s, want 1m", l.TTL())
+	}
+	info, err := c.Get(ctx, "extend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := info.ExpiresAt.Sub(info.RenewedAt); d < time.Minute-time.Second || d > time.Minute {
+		t.Errorf("server grant after Extend: expires %s after renewal, want 1m", d)
+	}
+	c.mu.Lock()
+	deadline, next := l.deadline, l.nextRenew
+	c.mu.Unlock()
+	// start + 1m − 6s, with start between begin and now.
+	if lo, hi := begin.Add(54*time.Second), time.Now().Add(54*time.Second); deadline.Before(lo) || deadline.After(hi) {
+		t.Errorf("local deadline %s after begin, want 54s", deadline.Sub(begin))
+	}
+	if next.Sub(begin) < 19*time.Second {
+		t.Errorf("next renewal %s after begin, want 20s (TTL/3 of the new TTL)", next.Sub(begin))
+	}
+	if err := l.Extend(ctx, time.Second/2); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Extend below MinTTL: %v, want ErrInvalid", err)
+	}
+	if l.TTL() != time.Minute {
+		t.Errorf("a refused Extend changed the TTL to %s", l.TTL())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, time.Minute); !errors.Is(err, ErrReleased) {
+		t.Errorf("Extend after Release: %v, want ErrReleased", err)
+	}
+}
+
+// Extend to a shorter TTL moves the local deadline earlier, as the rule
+// says, and the keepalive renews with the short TTL from then on: the
+// lease stays held across several of its renewals.
+func TestExtendShorterKeepsRule(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t)
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "shorter", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Extend(ctx, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	var renewedAt time.Time
+	// Three renewals of the 1.5s TTL (every 0.5s), each by the keepalive.
+	for i := 0; i < 3; i++ {
+		waitFor(t, pool, `SELECT renewed_at > $1 FROM pgfence.leases WHERE name = 'shorter'`, renewedAt)
+		info, err := c.Get(ctx, "shorter")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := info.ExpiresAt.Sub(info.RenewedAt); d < 1400*time.Millisecond || d > 1510*time.Millisecond {
+			t.Errorf("renewal %d: expires %s after renewal, want 1.5s", i, d)
+		}
+		renewedAt = info.RenewedAt
+	}
+	if err := l.Err(); err != nil {
+		t.Errorf("lease lost while renewed with the new TTL: %v", err)
+	}
+
+	// Without renewals, the new, shorter deadline ends the context well
+	// before the old TTL — and before PostgreSQL's expiry.
+	f, fpool := setup(t, withoutKeepalive())
+	l2, err := f.TryAcquire(ctx, "frozen", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Extend(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l2.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("lease not lost at the shorter deadline")
+	}
+	var live bool
+	if err := fpool.QueryRow(ctx, `SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'frozen'`).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if !live || !errors.Is(l2.Err(), ErrLost) {
+		t.Errorf("at the local deadline: server grant live %v, lease %v; want live and ErrLost", live, l2.Err())
+	}
+}

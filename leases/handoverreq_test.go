@@ -1,0 +1,201 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+const (
+	helperEnvHandoverURL = "PGFENCE_LEASES_HANDOVER_URL"
+	handoverTTL          = 15 * time.Second // TTL/3 = 5s: far above a notified hand-over
+)
+
+// Hand-over across processes: a leader in another OS process (Lead, TTL
+// 15s) is asked to step down while this process waits for the lease. The
+// leader's fn context ends with cause ErrHandover, it releases, and the
+// waiter holds the lease within a round trip or so — far below TTL/3, the
+// latest the leader's next renewal would have come — and only after the
+// leader's fn had returned (by the database clock): no stale-holder window.
+func TestHandoverAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	ctx := testContext(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE stepped (fence bigint PRIMARY KEY, cause text NOT NULL,
+		ended_at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHandoverHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnvHandoverURL+"="+url)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pgfence.leases WHERE name = $1 AND owner LIKE 'helper-%' AND expires_at > clock_timestamp())`, "deploy/leader")
+
+	waiting := make(chan struct{}, 1)
+	b := newClient(t, pool, WithOwner("next"), WithPollInterval(time.Minute), withWaitHook(func(string) { signal(waiting) }))
+	op := newClient(t, pgtest.PoolFor(t, url), WithOwner("operator"))
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := b.Acquire(ctx, "deploy/leader", time.Minute)
+		if err != nil {
+			t.Errorf("Acquire: %v", err)
+		}
+		got <- l
+	}()
+	<-waiting
+	begin := time.Now()
+	asked, err := op.RequestHandover(ctx, "deploy/leader", 10*time.Second)
+	if err != nil {
+		t.Fatalf("RequestHandover: %v", err)
+	}
+	lb := <-got
+	took := time.Since(begin)
+	t.Logf("hand-over across processes: %s (leader TTL %s)", took, handoverTTL)
+	if lb == nil {
+		t.FailNow()
+	}
+	if took > 2*time.Second {
+		t.Errorf("hand-over took %s, want far below TTL/3 = %s", took, handoverTTL/3)
+	}
+	if !strings.HasPrefix(asked.Owner, "helper-") || lb.Fence() <= asked.Fence {
+		t.Errorf("asked %+v, new grant fence %d; want the helper's grant, then a higher fence", asked, lb.Fence())
+	}
+	var cause string
+	var ended, acquired time.Time
+	err = pool.QueryRow(ctx, `SELECT s.cause, s.ended_at, l.acquired_at FROM stepped s, pgfence.leases l
+		WHERE s.fence = $1 AND l.name = 'deploy/leader'`, asked.Fence).Scan(&cause, &ended, &acquired)
+	if err != nil {
+		t.Fatalf("the leader recorded no step-down: %v", err)
+	}
+	if !strings.Contains(cause, ErrHandover.Error()) {
+		t.Errorf("leader's context cause %q, want ErrHandover", cause)
+	}
+	if !ended.Before(acquired) {
+		t.Errorf("the leader's fn ended at %s, after the next grant at %s", ended, acquired)
+	}
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Errorf("helper process: %v", waitErr)
+		}
+	case <-ctx.Done():
+		t.Error("helper process did not exit after handing over")
+	}
+}
+
+// TestHandoverHelperProcess is the leader of TestHandoverAcrossProcesses:
+// it leads until asked to hand over, records the cause, and exits.
+func TestHandoverHelperProcess(t *testing.T) {
+	url := os.Getenv(helperEnvHandoverURL)
+	if url == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c, err := New(pool, WithOwner("helper"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	err = c.Lead(lctx, "deploy/leader", handoverTTL, func(fctx context.Context, l *Lease) error {
+		<-fctx.Done()
+		_, err := pool.Exec(ctx, `INSERT INTO stepped (fence, cause) VALUES ($1, $2)`, l.Fence(), fmt.Sprint(context.Cause(fctx)))
+		stop() // one term is enough: exit after the hand-over
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Lead: %v", err)
+	}
+}
+
+// A holder that does not release is reported, not forced: the request
+// times out with ErrHandoverTimeout naming it, and it still holds the
+// lease (its context says ErrHandover). Nobody holding: ErrNotHeld. A
+// later grant of the name is not affected by the old request.
+func TestHandoverUnresponsiveHolder(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, op := cs[0], cs[1]
+	ctx := testContext(t)
+	waitListening(t, a) // the holder hears the request at once
+	l, err := a.TryAcquire(ctx, "stubborn", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = op.RequestHandover(ctx, "stubborn", time.Second)
+	if !errors.Is(err, ErrHandoverTimeout) || !strings.Contains(err.Error(), l.Owner()) {
+		t.Errorf("RequestHandover of a holder that ignores it: %v, want ErrHandoverTimeout naming %s", err, l.Owner())
+	}
+	select {
+	case <-l.Done():
+	case <-ctx.Done():
+		t.Fatal("holder's context did not end")
+	}
+	if !errors.Is(l.Err(), ErrHandover) {
+		t.Errorf("holder's cause: %v, want ErrHandover", l.Err())
+	}
+	if info, err := op.Get(ctx, "stubborn"); err != nil || info.Fence != l.Fence() {
+		t.Errorf("after the timeout: %+v, %v; want the holder still holding", info, err)
+	}
+	// Still renewed while it finishes: a renewal after the request keeps it.
+	if err := a.renewNow(ctx, l); err != nil {
+		t.Errorf("renewal after the request: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("Release after a hand-over request: %v", err)
+	}
+	if _, err := op.RequestHandover(ctx, "stubborn", time.Second); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("RequestHandover of a free lease: %v, want ErrNotHeld", err)
+	}
+	l2, err := a.TryAcquire(ctx, "stubborn", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.renewNow(ctx, l2); err != nil || l2.Err() != nil {
+		t.Errorf("next grant after an old request: %v, %v; want held, no hand-over", err, l2.Err())
+	}
+	if _, err := op.RequestHandover(ctx, "stubborn", 0); !errors.Is(err, ErrInvalid) {
+		t.Errorf("zero timeout: %v, want ErrInvalid", err)
+	}
+}
+
+// renewNow runs one keepalive batch for l, as the keepalive would.
+func (c *Client) renewNow(ctx context.Context, l *Lease) error {
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
+	if again := c.renewBatch(ctx, []renewal{{l, l.TTL()}}); again {
+		return errors.New("renewal failed or busy")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l.state != stateHeld {
+		return fmt.Errorf("lease not held: %w", context.Cause(l.ctx))
+	}
+	return nil
+}
