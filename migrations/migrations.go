@@ -279,8 +279,8 @@ func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkee
 		_ = conn.Close(cctx)
 	}()
 	var db, schema string
-	if err := conn.QueryRow(ctx, `SELECT current_database(), current_schema()`).Scan(&db, &schema); err != nil {
-		return fmt.Errorf("read current schema: %w", err)
+	if err := conn.QueryRow(ctx, sqlBookkeepingSchema, Table).Scan(&db, &schema); err != nil {
+		return fmt.Errorf("find the schema of %s: %w", Table, err)
 	}
 	b := bookkeeping{
 		table:  pgx.Identifier{schema, Table}.Sanitize(),
@@ -288,6 +288,18 @@ func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkee
 	}
 	return fn(conn, b)
 }
+
+// sqlBookkeepingSchema finds where the bookkeeping table lives: the first
+// schema on the search path that has it, else the first one that is not
+// pgfence (which Down drops, and which a role named pgfence finds first on
+// its search path once Up has created it), else the current schema.
+const sqlBookkeepingSchema = `
+SELECT current_database(), coalesce(
+    (SELECT n.nspname FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+      WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname = ANY (current_schemas(false))
+      ORDER BY array_position(current_schemas(false), n.nspname) LIMIT 1),
+    (SELECT s FROM unnest(current_schemas(false)) WITH ORDINALITY AS u(s, i) WHERE s <> 'pgfence' ORDER BY i LIMIT 1),
+    current_schema())`
 
 // advisoryLockID is golang-migrate's database.GenerateAdvisoryLockId for
 // (database, schema, table): the CRC-32 of the names joined by NUL, times a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -349,5 +350,38 @@ INSERT INTO pgfence.leases (name, owner, fence, acquired_at, renewed_at, expires
 	}
 	if live.Fence != 1 || exp.Fence != 2 {
 		t.Errorf("fences %d, %d; want 1, 2", live.Fence, exp.Fence)
+	}
+}
+
+// TestRoleNamedPgfence: a role named pgfence finds schema pgfence first on
+// its search path ("$user", public) once Up has created it; the bookkeeping
+// table must stay where the first Up put it, so that the next Up sees the
+// version instead of applying migration 1 again.
+func TestRoleNamedPgfence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := pgtest.EmptyURL(t)
+	admin := connect(t, u)
+	var exists bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgfence')`).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if !exists {
+		if _, err := admin.Exec(ctx, `CREATE ROLE pgfence LOGIN SUPERUSER`); err != nil && sqlstateOf(err) != "42710" {
+			t.Fatal(err)
+		}
+	}
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.User = url.User("pgfence")
+	for i := range 2 {
+		if err := migrations.Up(ctx, pu.String()); err != nil {
+			t.Fatalf("Up #%d as role pgfence: %v", i+1, err)
+		}
+		if v, dirty, err := migrations.Version(ctx, pu.String()); err != nil || v != latest(t) || dirty {
+			t.Fatalf("Version after Up #%d as role pgfence = %d, %v, %v; want %d", i+1, v, dirty, err, latest(t))
+		}
 	}
 }

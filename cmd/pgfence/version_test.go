@@ -34,11 +34,12 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// go install …/cmd/pgfence@latest works from the module as a proxy serves
-// it (no replace directives; the migrations travel in the module zip), and
-// the binary reports the version it was installed at. The proxy is a
-// directory holding this checkout as a made-up prerelease, in front of the
-// local module cache's download directory (which is itself laid out as a
+// go install …/cmd/pgfence@latest works from the modules as a proxy serves
+// them (no replace directives; the migrations travel in the library's zip;
+// the command's module requires the library at the same version), and the
+// binary reports the version it was installed at. The proxy is a directory
+// holding this checkout's two modules as a made-up prerelease, in front of
+// the local module cache's download directory (itself laid out as a
 // proxy), so nothing is fetched from the network.
 func TestGoInstall(t *testing.T) {
 	t.Parallel()
@@ -57,30 +58,54 @@ func TestGoInstall(t *testing.T) {
 		}
 		return strings.TrimSpace(string(out))
 	}
-	root := filepath.Dir(goEnv("GOMOD"))
+	cmdDir := filepath.Dir(goEnv("GOMOD")) // this module: cmd/pgfence
+	root := filepath.Join(cmdDir, "..", "..")
 	version := fmt.Sprintf("v0.0.1-installtest.%d", time.Now().UnixNano())
 	proxy := t.TempDir()
-	publish(t, gitBin, root, filepath.Join(proxy, modulePath, "@v"), version)
-
-	bin := t.TempDir()
-	cmd := exec.Command(goBin, "install", "-trimpath", modulePath+"/cmd/pgfence@latest")
-	cmd.Dir = t.TempDir() // outside any module
-	cmd.Env = append(os.Environ(),
-		"GOBIN="+bin,
+	env := append(os.Environ(),
 		"GOPROXY=file://"+proxy+",file://"+filepath.Join(goEnv("GOMODCACHE"), "cache", "download"),
 		"GOMODCACHE="+t.TempDir(), // the made-up version stays out of the real cache
 		// The made-up version is in no checksum database; the dependencies
 		// come from the local cache, verified when they were downloaded,
-		// and are checked against the module's go.sum.
+		// and are checked against the modules' go.sum.
 		"GOSUMDB=off",
 		"GOFLAGS=-modcacherw", // so that the test can remove its module cache
 		"GOTOOLCHAIN=local",
 		"GOWORK=off",
 	)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go install %s/cmd/pgfence@latest: %v\n%s", modulePath, err, out)
+	// The library first; then the command, whose go.mod requires the
+	// library at this version and whose go.sum gets the library's sums.
+	libFiles := moduleFiles(t, gitBin, root, "cmd/pgfence/", "integration_test/", "pgfencetest/", "go.work")
+	publish(t, root, libFiles, filepath.Join(proxy, modulePath, "@v"), modulePath, version, nil)
+	download := exec.Command(goBin, "mod", "download", "-json", modulePath+"@"+version)
+	download.Dir = t.TempDir()
+	download.Env = env
+	out, err := download.Output()
+	if err != nil {
+		t.Fatalf("go mod download %s@%s: %v", modulePath, version, err)
 	}
-	out, err := exec.Command(filepath.Join(bin, "pgfence"), "version").Output()
+	var sums struct{ Sum, GoModSum string }
+	if err := json.Unmarshal(out, &sums); err != nil {
+		t.Fatal(err)
+	}
+	cmdPath := modulePath + "/cmd/pgfence"
+	publish(t, cmdDir, moduleFiles(t, gitBin, cmdDir), filepath.Join(proxy, cmdPath, "@v"), cmdPath, version, map[string]func([]byte) []byte{
+		"go.mod": func(b []byte) []byte {
+			return []byte(strings.Replace(string(b), modulePath+" v0.0.0-00010101000000-000000000000", modulePath+" "+version, 1))
+		},
+		"go.sum": func(b []byte) []byte {
+			return append(b, []byte(fmt.Sprintf("%s %s %s\n%s %s/go.mod %s\n", modulePath, version, sums.Sum, modulePath, version, sums.GoModSum))...)
+		},
+	})
+
+	bin := t.TempDir()
+	cmd := exec.Command(goBin, "install", "-trimpath", cmdPath+"@latest")
+	cmd.Dir = t.TempDir() // outside any module
+	cmd.Env = append(env, "GOBIN="+bin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go install %s@latest: %v\n%s", cmdPath, err, out)
+	}
+	out, err = exec.Command(filepath.Join(bin, "pgfence"), "version").Output()
 	if err != nil {
 		t.Fatalf("the installed pgfence version: %v", err)
 	}
@@ -89,35 +114,59 @@ func TestGoInstall(t *testing.T) {
 	}
 }
 
-// publish writes the module at root, as git sees its files (tracked and
-// untracked but not ignored), to dir as version, in the layout of a module
-// proxy: list, .info, .mod and .zip.
-func publish(t *testing.T, gitBin, root, dir, version string) {
+// moduleFiles lists the module's files at dir as git sees them (tracked and
+// untracked but not ignored), leaving out paths with any of the prefixes.
+func moduleFiles(t *testing.T, gitBin, dir string, exclude ...string) []string {
 	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	ls := exec.Command(gitBin, "ls-files", "--cached", "--others", "--exclude-standard", "-z")
-	ls.Dir = root
-	files, err := ls.Output()
+	ls.Dir = dir
+	out, err := ls.Output()
 	if err != nil {
 		t.Fatalf("git ls-files: %v", err)
 	}
-	f, err := os.Create(filepath.Join(dir, version+".zip"))
+	var files []string
+next:
+	for name := range strings.SplitSeq(strings.TrimSuffix(string(out), "\x00"), "\x00") {
+		for _, p := range exclude {
+			if strings.HasPrefix(name, p) {
+				continue next
+			}
+		}
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil || !fi.Mode().IsRegular() {
+			continue // deleted in the working tree, or a link: not in a module zip
+		}
+		files = append(files, name)
+	}
+	return files
+}
+
+// publish writes the files of the module at dir to proxyDir as path@version,
+// in the layout of a module proxy (list, .info, .mod, .zip), rewriting the
+// files named in edit.
+func publish(t *testing.T, dir string, files []string, proxyDir, path, version string, edit map[string]func([]byte) []byte) {
+	t.Helper()
+	if err := os.MkdirAll(proxyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(proxyDir, version+".zip"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	zw := zip.NewWriter(f)
-	for name := range strings.SplitSeq(strings.TrimSuffix(string(files), "\x00"), "\x00") {
-		fi, err := os.Lstat(filepath.Join(root, name))
-		if err != nil || !fi.Mode().IsRegular() {
-			continue // deleted in the working tree, or a link: not in a module zip
-		}
-		b, err := os.ReadFile(filepath.Join(root, name))
+	var mod []byte
+	for _, name := range files {
+		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := zw.Create(modulePath + "@" + version + "/" + name)
+		if e := edit[name]; e != nil {
+			b = e(b)
+		}
+		if name == "go.mod" {
+			mod = b
+		}
+		w, err := zw.Create(path + "@" + version + "/" + name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,13 +180,9 @@ func publish(t *testing.T, gitBin, root, dir, version string) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	info := fmt.Sprintf(`{"Version":%q,"Time":%q}`, version, time.Now().UTC().Format(time.RFC3339))
 	for name, content := range map[string]string{"list": version + "\n", version + ".info": info, version + ".mod": string(mod)} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(proxyDir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

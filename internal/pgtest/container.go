@@ -64,13 +64,15 @@ func newDocker() (*docker, error) {
 	switch u.Scheme {
 	case "unix":
 		sock := u.Path
-		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		// No keep-alive: an idle connection's goroutines would outlive
+		// the test process's last use of the engine (goleak).
+		tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
 		}}
 		return &docker{http: &http.Client{Transport: tr}, base: "http://docker"}, nil
 	case "tcp":
-		return &docker{http: &http.Client{}, base: "http://" + u.Host}, nil
+		return &docker{http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, base: "http://" + u.Host}, nil
 	}
 	return nil, fmt.Errorf("DOCKER_HOST %q: want unix:// or tcp://", host)
 }
@@ -125,7 +127,6 @@ func DockerAvailable(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer d.http.CloseIdleConnections()
 	var info struct{ Name string }
 	if err := d.call(ctx, http.MethodGet, "/info", nil, &info); err != nil {
 		return fmt.Errorf("docker engine does not answer: %w", err)
@@ -184,7 +185,6 @@ func startContainer() (*server, error) {
 	remove := func() error {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		defer d.http.CloseIdleConnections()
 		return d.call(rctx, http.MethodDelete, "/containers/"+created.ID+"?force=true&v=true", nil, nil)
 	}
 	fail := func(err error) (*server, error) { return nil, errors.Join(err, remove()) }
