@@ -37,6 +37,7 @@ type Lock struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
+	timer    *time.Timer // starts the monitor; stopped by Unlock if it has not yet
 	watching atomic.Bool // the monitor is (about to be) blocked reading the socket
 
 	unlockOnce sync.Once
@@ -64,7 +65,7 @@ func newLock(l *Locker, conn *pgxpool.Conn, name string, key int64, shared bool,
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	go lk.monitor(min(l.hooks.monitorDelay, l.cfg.interval))
+	lk.timer = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
 	return lk
 }
 

@@ -132,9 +132,9 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 	)
 	switch {
 	case m.try && m.shared:
-		err = conn.QueryRow(ctx, sqlTryLockShared, key).Scan(&pid, &granted, &held)
+		err = conn.QueryRow(ctx, sqlTryLockShared, key).Scan(&pid, &granted)
 	case m.try:
-		err = conn.QueryRow(ctx, sqlTryLock, key).Scan(&pid, &granted, &held)
+		err = conn.QueryRow(ctx, sqlTryLock, key).Scan(&pid, &granted)
 	default:
 		pid, abandoned, err = l.wait(ctx, conn, key, m.shared)
 	}
@@ -157,7 +157,13 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 		l.tel.waitFailed(ctx, name, m, waitOutcomeOf(ctx), start)
 		return nil, opErr(m.op, name, err)
 	case !granted:
-		conn.Release() // PostgreSQL said no: this session holds nothing new.
+		// PostgreSQL said no: this session holds nothing new. Who holds
+		// it is read only now, on this path: the query reads pg_locks,
+		// which would cost every successful try too.
+		if qerr := conn.QueryRow(ctx, sqlHolders, key).Scan(&held); qerr != nil {
+			held = nil // the error still says it is held; holders unknown
+		}
+		conn.Release()
 		l.tel.waitFailed(ctx, name, m, waitLocked, start)
 		return nil, &HeldError{Name: name, Key: key, Holders: decodeHolders(held)}
 	}

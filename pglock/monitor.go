@@ -11,13 +11,15 @@ import (
 // return at once with a timeout.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// monitor is the Lock's one goroutine. It owns the pinned connection from
-// the grant until it returns, and it returns in exactly two ways: Unlock
-// closed stop (the connection is then Unlock's), or the session is gone
-// (it destroys the connection and ends the Lock's context with ErrLost).
-// done closes when it has returned.
+// monitor is the Lock's one goroutine, started by the Lock's timer after a
+// short delay (so that a lock held briefly costs no goroutine and no
+// hand-off at Unlock: Unlock stops the timer). Once started it owns the
+// pinned connection until it returns, and it returns in exactly two ways:
+// Unlock closed stop (the connection is then Unlock's), or the session is
+// gone (it destroys the connection and ends the Lock's context with
+// ErrLost). done closes when it has returned.
 //
-// After delay it alternates two phases:
+// It alternates two phases:
 //
 //   - watch: block reading the socket for up to the liveness interval. An
 //     idle session receives nothing, so anything that ends the read other
@@ -29,14 +31,10 @@ var aLongTimeAgo = time.Unix(1, 0)
 //
 // It uses socket deadlines, not contexts, so it never depends on the pool's
 // context-watcher configuration and never sends a cancel request.
-func (lk *Lock) monitor(delay time.Duration) {
+func (lk *Lock) monitor() {
 	defer close(lk.done)
-	t := time.NewTimer(delay)
-	select {
-	case <-lk.stop:
-		t.Stop()
+	if lk.stopped() {
 		return
-	case <-t.C:
 	}
 	pg := lk.conn.Conn().PgConn()
 	cfg := lk.l.cfg
@@ -84,7 +82,12 @@ func (lk *Lock) stopped() bool {
 // closed here before watching is read: so either the monitor sees stop
 // and does not read, or this sees watching and cuts the read short.
 func (lk *Lock) stopMonitor() {
-	lk.stopOnce.Do(func() { close(lk.stop) })
+	lk.stopOnce.Do(func() {
+		close(lk.stop)
+		if lk.timer.Stop() {
+			close(lk.done) // the monitor never started, and now never will
+		}
+	})
 	if lk.watching.Load() {
 		_ = lk.nc.SetReadDeadline(aLongTimeAgo)
 	}

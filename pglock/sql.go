@@ -66,20 +66,15 @@ SELECT key, shared, granted, pid, application_name, client_addr, state,
  WHERE $1::bigint IS NULL OR key = $1
  ORDER BY key, granted DESC, wait_start NULLS LAST, pid`
 
-// The try statements take the lock if they can, and when they cannot,
-// read its holders in the same round trip, as JSON (a CASE evaluates its
-// subquery only in the branch taken; OFFSET 0 keeps the try in its own
-// subquery, evaluated once).
+// The try statements take the lock if they can (no row on a standby).
 const (
-	sqlTryLock = `
-SELECT t.pid, t.ok,
-       CASE WHEN NOT t.ok THEN (SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted) END
-  FROM (SELECT pg_backend_pid() AS pid, pg_try_advisory_lock($1) AS ok WHERE NOT pg_is_in_recovery() OFFSET 0) AS t`
-	sqlTryLockShared = `
-SELECT t.pid, t.ok,
-       CASE WHEN NOT t.ok THEN (SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted) END
-  FROM (SELECT pg_backend_pid() AS pid, pg_try_advisory_lock_shared($1) AS ok WHERE NOT pg_is_in_recovery() OFFSET 0) AS t`
+	sqlTryLock       = `SELECT pg_backend_pid(), pg_try_advisory_lock($1) WHERE NOT pg_is_in_recovery()`
+	sqlTryLockShared = `SELECT pg_backend_pid(), pg_try_advisory_lock_shared($1) WHERE NOT pg_is_in_recovery()`
 )
+
+// sqlHolders reads the sessions holding key $1, as JSON, after a failed
+// try (HeldError).
+const sqlHolders = `SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted`
 
 // sqlCancelWaiter cancels the statement of backend $1 if, and only if, it
 // is waiting for the advisory lock $2 in this database: the fallback for
