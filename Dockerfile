@@ -29,7 +29,11 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags='-s -w' -o /out/pgfence ./cmd/pgfence
+# The command is a module of its own: build it against the library beside it
+# (a workspace of the two; the repository's go.work names modules the image
+# does not need).
+RUN go work init . ./cmd/pgfence && \
+    CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags='-s -w' -o /out/pgfence ./cmd/pgfence
 
 FROM ${RUNTIME_IMAGE}
 COPY --from=build /out/pgfence /usr/local/bin/pgfence

@@ -8,7 +8,7 @@
 #             POSTGRES_* variables (docker/postgres/docker-entrypoint.sh);
 #             stands in for postgres:17 / postgres:17-alpine
 #   migrate   pgfence/migrate:<version>          the golang-migrate CLI of the
-#             version in go.mod, built with Go (tags postgres, pgx5), on the
+#             version the migrations are tested with, built with Go (tags postgres, pgx5), on the
 #             runtime image; stands in for migrate/migrate
 #   golang    pgfence/golang:<go>-<suite>        a Debian root filesystem with
 #             this machine's Go toolchain; stands in for golang:1.26 as the
@@ -223,7 +223,10 @@ build_runtime() {
 
 build_migrate() {
 	local version
-	version=$(cd "$root" && go list -m -f '{{.Version}}' github.com/golang-migrate/migrate/v4)
+	# The release migrations/migrations_test.go tests the upstream CLI with
+	# (UpstreamMigrateVersion): pgfence itself no longer imports golang-migrate.
+	version=$(sed -n 's/^const UpstreamMigrateVersion = "\(.*\)"$/\1/p' "$root/migrations/migrations_test.go")
+	[ -n "$version" ] || { echo "build-images: UpstreamMigrateVersion not found in migrations/migrations_test.go" >&2; return 1; }
 	local tag="pgfence/migrate:$version" rcp
 	rcp=$(recipe migrate "$version")
 	if current PGFENCE_MIGRATE_IMAGE "$tag" "$rcp"; then return; fi
