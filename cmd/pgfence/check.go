@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 )
@@ -21,6 +22,9 @@ const checkLong = `Check for leases held, and advisory locks waited on, longer t
 for cron or a Nagios-style monitor. Only the current database is checked.
 
 Reported:
+  - tables below a protected table (partitions, inheritance children) that
+    were added after pgfence.protect ran and lack the guard's triggers
+    (pgfence.unguarded(); protect the parent again to fix them);
   - leases of pgfence.lease_status that have not expired and were acquired
     longer than --max-hold ago (held_for > D, by the database clock);
   - advisory locks (pglock's single-bigint keys) that a session has waited
@@ -110,6 +114,17 @@ type checkReport struct {
 	MaxWaitSeconds float64    `json:"max_wait_seconds"`
 	Leases         []leaseRow `json:"leases"` // as in leases ls --json
 	LockWaits      []longWait `json:"lock_waits"`
+	// Unguarded are tables below a protected table (partitions, inheritance
+	// children) that lack one of the guard's triggers: added after
+	// pgfence.protect ran. Running it again fixes them.
+	Unguarded []unguardedTable `json:"unguarded"`
+}
+
+// unguardedTable is a row of pgfence.unguarded().
+type unguardedTable struct {
+	Table   string `json:"table"`
+	Parent  string `json:"protected_parent"`
+	Missing string `json:"missing_triggers"`
 }
 
 // longWait is a session that has waited for an advisory lock longer than
@@ -136,6 +151,7 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 		MaxWaitSeconds: maxWait.Seconds(),
 		Leases:         []leaseRow{},
 		LockWaits:      []longWait{},
+		Unguarded:      []unguardedTable{},
 	}
 	rows, err := pool.Query(ctx, sqlLongLeases, maxHold)
 	if err != nil {
@@ -159,7 +175,17 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 		return nil, err
 	}
 	rep.LockWaits = longWaits(locks, maxWait)
-	rep.OK = len(rep.Leases) == 0 && len(rep.LockWaits) == 0
+
+	urows, err := pool.Query(ctx, sqlUnguarded)
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list unguarded tables: %w", err))
+	}
+	tables, err := pgx.CollectRows(urows, pgx.RowToStructByPos[unguardedTable])
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list unguarded tables: %w", err))
+	}
+	rep.Unguarded = append(rep.Unguarded, tables...)
+	rep.OK = len(rep.Leases) == 0 && len(rep.LockWaits) == 0 && len(rep.Unguarded) == 0
 	return rep, nil
 }
 
@@ -200,9 +226,24 @@ func printCheck(cmd *cobra.Command, rep *checkReport, maxHold, maxWait time.Dura
 		fmt.Fprintf(w, "OK: no lease held longer than %s, no advisory lock waited on longer than %s\n", maxHold, maxWait)
 		return nil
 	}
-	fmt.Fprintf(w, "CRITICAL: %s held longer than %s, %s waited on longer than %s\n",
+	unguarded := ""
+	if len(rep.Unguarded) > 0 {
+		unguarded = ", " + plural(len(rep.Unguarded), "table", "tables") + " below a protected table unguarded (run pgfence.protect on the parent again)"
+	}
+	fmt.Fprintf(w, "CRITICAL: %s held longer than %s, %s waited on longer than %s%s\n",
 		plural(len(rep.Leases), "lease", "leases"), maxHold,
-		plural(len(rep.LockWaits), "advisory lock", "advisory locks"), maxWait)
+		plural(len(rep.LockWaits), "advisory lock", "advisory locks"), maxWait, unguarded)
+	if len(rep.Unguarded) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "UNGUARDED TABLE	PROTECTED PARENT	MISSING")
+		for _, u := range rep.Unguarded {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", u.Table, u.Parent, u.Missing)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if len(rep.Leases) > 0 {
 		fmt.Fprintln(w)
 		if err := printLeases(cmd, rep.Leases); err != nil {

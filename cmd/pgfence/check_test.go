@@ -269,3 +269,36 @@ func TestCheckUsage(t *testing.T) {
 		t.Errorf("pgfence --help does not list exit code 4")
 	}
 }
+
+// A partition attached after protect is reported (exit 4, and in JSON)
+// until protect runs again.
+func TestCheckUnguarded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	for _, q := range []string{
+		`CREATE TABLE parts (id int, fence bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id)`,
+		`CREATE TABLE parts_1 PARTITION OF parts FOR VALUES FROM (0) TO (100)`,
+		`SELECT pgfence.protect('parts')`,
+		`CREATE TABLE parts_2 PARTITION OF parts FOR VALUES FROM (100) TO (200)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	r := db(t, url, "check", "--max-hold", "1h")
+	if r.code != exitFindings || !strings.Contains(r.stdout, "1 table below a protected table unguarded") || !strings.Contains(r.stdout, "parts_2") {
+		t.Fatalf("check with an unguarded partition: exit %d, stdout %q", r.code, r.stdout)
+	}
+	r = db(t, url, "check", "--max-hold", "1h", "--json")
+	if r.code != exitFindings || !strings.Contains(r.stdout, `"table": "parts_2"`) {
+		t.Fatalf("check --json with an unguarded partition: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.protect('parts')`); err != nil {
+		t.Fatal(err)
+	}
+	if r := db(t, url, "check", "--max-hold", "1h"); r.code != exitOK {
+		t.Fatalf("check after protect again: exit %d, stdout %q", r.code, r.stdout)
+	}
+}

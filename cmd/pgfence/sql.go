@@ -53,3 +53,7 @@ SELECT name, owner, fence, acquired_at, renewed_at, expires_at, expired,
 // sqlTerminate ends the backends $1 (bigint[]) and waits up to 5s for each
 // to exit; it returns how many it ended.
 const sqlTerminate = `SELECT count(*) FILTER (WHERE pg_terminate_backend(p::int, 5000)) FROM unnest($1::bigint[]) AS p`
+
+// sqlUnguarded lists tables below a protected table that lack a guard
+// trigger (migration 4; EXECUTE is pgfence_operator's).
+const sqlUnguarded = `SELECT tbl::text, parent::text, missing FROM pgfence.unguarded()`
