@@ -239,6 +239,12 @@ func validate(name string, ttl time.Duration) error {
 }
 
 func (c *Client) usable(ctx context.Context) error {
+	if c == nil {
+		return invalid("leases: client is nil")
+	}
+	if ctx == nil {
+		return invalid("leases: context must not be nil")
+	}
 	if c.isClosed() {
 		return ErrClosed
 	}

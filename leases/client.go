@@ -111,6 +111,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
 func (c *Client) Close() error {
+	if c == nil {
+		return invalid("leases: client is nil")
+	}
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closed = true
@@ -161,6 +164,9 @@ func (c *Client) Get(ctx context.Context, name string) (Info, error) {
 	if err := validateName(name); err != nil {
 		return Info{}, err
 	}
+	if err := c.usable(ctx); err != nil {
+		return Info{}, err
+	}
 	info, _, err := c.get(ctx, name)
 	return info, err
 }
@@ -182,6 +188,9 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 // List returns every live grant (expires_at in the future by the database
 // clock), ordered by name. ctx bounds the query.
 func (c *Client) List(ctx context.Context) ([]Info, error) {
+	if err := c.usable(ctx); err != nil {
+		return nil, err
+	}
 	rows, err := c.pool.Query(ctx, sqlList)
 	if err != nil {
 		return nil, dbError("list", err)

@@ -45,6 +45,9 @@ func (c *Client) RequestHandover(ctx context.Context, name string, timeout time.
 	if err := validateName(name); err != nil {
 		return Info{}, err
 	}
+	if err := c.usable(ctx); err != nil {
+		return Info{}, err
+	}
 	if timeout <= 0 || timeout > time.Hour {
 		return Info{}, invalid(fmt.Sprintf("leases: hand-over timeout must be between 1ns and 1h, got %s", timeout))
 	}

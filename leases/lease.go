@@ -135,6 +135,9 @@ func (l *Lease) Err() error {
 // held until its local deadline) if PostgreSQL could not be reached. Safe
 // to call concurrently with the keepalive and to repeat.
 func (l *Lease) Renew(ctx context.Context) error {
+	if l == nil || ctx == nil {
+		return invalid("leases: renew: lease and context must not be nil")
+	}
 	if err := l.Err(); err != nil {
 		return err
 	}
@@ -173,6 +176,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 // PostgreSQL could not be reached — the lease is released locally anyway
 // and its row expires after the TTL; calling Release again retries. ctx bounds the statement.
 func (l *Lease) Release(ctx context.Context) error {
+	if l == nil || ctx == nil {
+		return invalid("leases: release: lease and context must not be nil")
+	}
 	c := l.c
 	c.mu.Lock()
 	wasHeld := l.state == stateHeld

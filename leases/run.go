@@ -76,6 +76,9 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 	if _, err := acquireOptions(opts); err != nil {
 		return err
 	}
+	if err := c.usable(ctx); err != nil {
+		return err
+	}
 	// The listener wakes the campaign when the leader releases, and makes
 	// a force-released leader check its lease at once.
 	c.startListener()
