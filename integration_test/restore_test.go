@@ -115,16 +115,7 @@ func TestFencesAfterRollback(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var lost int64
-	pgtest.WaitFor(t, 30*time.Second, "the 1s grant to expire", func() bool {
-		conn, err := pgx.Connect(ctx, u)
-		if err != nil {
-			return false
-		}
-		defer conn.Close(ctx)
-		err = conn.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('job', 'y', 60000000) WHERE granted`).Scan(&lost)
-		return err == nil
-	})
+	lost := grantOnceFree(ctx, t, u, "y")
 	if err := c.Stop("immediate"); err != nil {
 		t.Fatal(err)
 	}
@@ -135,19 +126,29 @@ func TestFencesAfterRollback(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var after int64
-	pgtest.WaitFor(t, 30*time.Second, "the restored 1s grant to expire", func() bool {
+	after := grantOnceFree(ctx, t, u, "z")
+	if after <= lost {
+		t.Fatalf("fence %d after the rollback; %d was issued before it and lost: reissued", after, lost)
+	}
+}
+
+// grantOnceFree waits until lease "job" is free at u (its 1s grant has
+// expired, by the database clock) and grants it to owner for a minute,
+// returning the fence. It polls a condition of the server that no channel
+// can signal.
+func grantOnceFree(ctx context.Context, t *testing.T, u, owner string) int64 {
+	t.Helper()
+	var fence int64
+	pgtest.WaitFor(t, 30*time.Second, "the 1s grant of job to expire", func() bool {
 		conn, err := pgx.Connect(ctx, u)
 		if err != nil {
 			return false
 		}
 		defer conn.Close(ctx)
-		err = conn.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('job', 'z', 60000000) WHERE granted`).Scan(&after)
+		err = conn.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('job', $1, 60000000) WHERE granted`, owner).Scan(&fence)
 		return err == nil
 	})
-	if after <= lost {
-		t.Fatalf("fence %d after the rollback; %d was issued before it and lost: reissued", after, lost)
-	}
+	return fence
 }
 
 // runTool runs one of the cluster's client programs, failing t on error.
