@@ -33,6 +33,7 @@ COPY . .
 # (a workspace of the two; the repository's go.work names modules the image
 # does not need).
 RUN go work init . ./cmd/pgfence && \
+    go work edit -replace github.com/pgfence/pgfence@v0.0.0-00010101000000-000000000000=. && \
     CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags='-s -w' -o /out/pgfence ./cmd/pgfence
 
 FROM ${RUNTIME_IMAGE}

@@ -30,9 +30,6 @@ const (
 	// standbyName is the standby's application_name, as listed in the
 	// primary's synchronous_standby_names.
 	standbyName = "pgfence_standby"
-	// fenceGap is how far pgfence.next_fence() advances the sequence on a
-	// new timeline (migration 3).
-	fenceGap = int64(1) << 32
 	// sqlstateReadOnly is read_only_sql_transaction: a write, or a fence,
 	// asked of a standby.
 	sqlstateReadOnly = "25006"

@@ -42,7 +42,9 @@ func TestRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			var highest int64 // every fence handed out so far is at most this
-			if err := admin.QueryRow(ctx, "SELECT last_value FROM pgfence.fence_seq").Scan(&highest); err != nil {
+			// Lease rows are never deleted, and each keeps its lease's
+			// latest fence.
+			if err := admin.QueryRow(ctx, "SELECT coalesce(max(fence), 0) FROM pgfence.leases").Scan(&highest); err != nil {
 				t.Fatal(err)
 			}
 
