@@ -45,9 +45,21 @@ func TestPatroniDoublePromotion(t *testing.T) {
 	if err := history.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.WaitHealthy(time.Minute); err != nil { // R2 has everything so far
+	if err := p.WaitHealthy(time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// R2 has everything so far — the schema included — before it is cut
+	// off: Patroni calls a replica healthy while it still lags a little.
+	var lsn string
+	if err := mh.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	r2conn := haConn(t, r2.URL("postgres"))
+	mustWait(t, time.Minute, r2.Name()+" to replay "+lsn, func() (bool, error) {
+		var done bool
+		err := r2conn.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn).Scan(&done)
+		return done, err
+	})
 
 	if err := r2.Isolate(); err != nil {
 		t.Fatal(err)

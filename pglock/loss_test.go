@@ -66,6 +66,13 @@ func TestTerminateBackendClosesDone(t *testing.T) {
 			if poolPIDs(t, pool)[lk.pid] {
 				t.Errorf("backend %d is still in the pool", lk.pid)
 			}
+			// The terminated backend sends its FATAL message before it
+			// exits and releases its locks: wait until it is gone.
+			pgtest.WaitFor(t, 10*time.Second, "the terminated backend to exit", func() bool {
+				var n int
+				err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, int32(lk.pid)).Scan(&n)
+				return err == nil && n == 0
+			})
 			again, err := l.TryLock(ctx, "victim")
 			if err != nil {
 				t.Fatalf("TryLock after the holder's session died: %v", err)
