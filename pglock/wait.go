@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // A blocking acquire whose caller gives up must not leave a backend queued
@@ -58,6 +60,12 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, key int64, shared
 	// connection at once and leave the backend waiting. abandon ends it.
 	err = conn.QueryRow(context.WithoutCancel(ctx), sql, key, timeout).Scan(&pid, nil)
 	close(finished)
+	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
+		// The server ended the wait at the deadline it was given; this
+		// process's timer for the same deadline may fire a moment later
+		// on a loaded machine. It is the deadline either way.
+		<-ctx.Done()
+	}
 	if !stop() {
 		<-cleaned
 		return pid, true, err
