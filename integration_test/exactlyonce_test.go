@@ -1,6 +1,7 @@
 package integration_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"syscall"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestExactlyOnce runs a cron-like job on five worker processes: for each
@@ -71,36 +73,9 @@ func testExactlyOnce(t *testing.T, kill bool) {
 	elapsed := time.Since(start)
 
 	ctx := ctxT(t, 30*time.Second)
-	rows, err := pool.Query(ctx, `SELECT period, worker, fence FROM effects ORDER BY period, id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type effect struct {
-		Period int
-		Worker string
-		Fence  int64
-	}
-	effects, err := pgx.CollectRows(rows, pgx.RowToStructByPos[effect])
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := map[int]int{}
-	for _, e := range effects {
-		count[e.Period]++
-	}
-	for p := 1; p <= periods; p++ {
-		if count[p] != 1 {
-			t.Errorf("period %d happened %d times, want exactly once", p, count[p])
-		}
-	}
+	effects := checkEffects(ctx, t, pool, periods)
 	if len(effects) != periods {
 		t.Errorf("%d effects for %d periods: %+v", len(effects), periods, effects)
-	}
-	for i := 1; i < len(effects); i++ {
-		if effects[i].Fence <= effects[i-1].Fence {
-			t.Errorf("fence of period %d (%d) is not above that of period %d (%d)",
-				effects[i].Period, effects[i].Fence, effects[i-1].Period, effects[i-1].Fence)
-		}
 	}
 
 	// What the workers report agrees with the table.
@@ -132,4 +107,42 @@ func testExactlyOnce(t *testing.T, kill bool) {
 		}
 	}
 	t.Logf("%d workers × %d periods in %v: %d grants, %d retries", workers, periods, elapsed.Round(time.Millisecond), grants, retries)
+}
+
+// effect is a row of the effects table the period workers write.
+type effect struct {
+	Period int
+	Worker string
+	Fence  int64
+}
+
+// checkEffects reads the effects table, in period order, and checks that
+// each of periods 1..periods happened exactly once and that each period's
+// fence is above the one before.
+func checkEffects(ctx context.Context, t *testing.T, pool *pgxpool.Pool, periods int) []effect {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT period, worker, fence FROM effects ORDER BY period, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	effects, err := pgx.CollectRows(rows, pgx.RowToStructByPos[effect])
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[int]int{}
+	for _, e := range effects {
+		count[e.Period]++
+	}
+	for p := 1; p <= periods; p++ {
+		if count[p] != 1 {
+			t.Errorf("period %d happened %d times, want exactly once", p, count[p])
+		}
+	}
+	for i := 1; i < len(effects); i++ {
+		if effects[i].Fence <= effects[i-1].Fence {
+			t.Errorf("fence of period %d (%d) is not above that of period %d (%d)",
+				effects[i].Period, effects[i].Fence, effects[i-1].Period, effects[i-1].Fence)
+		}
+	}
+	return effects
 }

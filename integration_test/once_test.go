@@ -74,34 +74,7 @@ func TestOncePerPeriod(t *testing.T) {
 	elapsed := time.Since(start)
 
 	ctx := ctxT(t, 30*time.Second)
-	rows, err := pool.Query(ctx, `SELECT period, worker, fence FROM effects ORDER BY period, id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type effect struct {
-		Period int
-		Worker string
-		Fence  int64
-	}
-	effects, err := pgx.CollectRows(rows, pgx.RowToStructByPos[effect])
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := map[int]int{}
-	for _, e := range effects {
-		count[e.Period]++
-	}
-	for p := 1; p <= periods; p++ {
-		if count[p] != 1 {
-			t.Errorf("period %d happened %d times, want exactly once", p, count[p])
-		}
-	}
-	for i := 1; i < len(effects); i++ {
-		if effects[i].Fence <= effects[i-1].Fence {
-			t.Errorf("fence of period %d (%d) is not above that of period %d (%d)",
-				effects[i].Period, effects[i].Fence, effects[i-1].Period, effects[i-1].Fence)
-		}
-	}
+	effects := checkEffects(ctx, t, pool, periods)
 	// The records agree with the effects.
 	var recs int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.once o JOIN effects e
