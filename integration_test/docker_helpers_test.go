@@ -114,7 +114,7 @@ func buildPgfenceImage(t *testing.T) string {
 	root := repoRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	run(t, ctx, root, nil, "go", "mod", "download")
+	downloadBuildModules(t, ctx, root)
 	modcache := strings.TrimSpace(run(t, ctx, root, nil, "go", "env", "GOMODCACHE"))
 	proxy := httptest.NewUnstartedServer(http.FileServer(http.Dir(filepath.Join(modcache, "cache", "download"))))
 	// A fixed port when free: GOPROXY is a build argument, and a new value
@@ -145,6 +145,21 @@ func buildPgfenceImage(t *testing.T) string {
 	})
 	t.Logf("built %s from the Dockerfile in %v", tag, time.Since(start).Round(time.Second))
 	return tag
+}
+
+// downloadBuildModules fills this host's module cache with what the
+// Dockerfile's build stage asks the proxy for. That is not the workspace's
+// build list: the image builds the library alone (go mod download), then
+// the library and the command as a workspace of two, and go.work's other
+// modules raise some versions above what those two require.
+func downloadBuildModules(t *testing.T, ctx context.Context, root string) {
+	t.Helper()
+	run(t, ctx, root, []string{"GOWORK=off"}, "go", "mod", "download")
+	work := filepath.Join(t.TempDir(), "go.work")
+	env := []string{"GOWORK=" + work}
+	run(t, ctx, root, env, "go", "work", "init", root, filepath.Join(root, "cmd", "pgfence"))
+	run(t, ctx, root, env, "go", "work", "edit", "-replace", "github.com/pgfence/pgfence@v0.0.0-00010101000000-000000000000="+root)
+	run(t, ctx, root, env, "go", "mod", "download")
 }
 
 // randomSuffix is a short random lower-case hex string, for names that
