@@ -1,0 +1,119 @@
+-- Reverts 000007_fast_paths.up.sql: migration 4's and 5's definitions of
+-- lock_key, wait_key and both try_acquire functions, verbatim.
+BEGIN;
+
+CREATE OR REPLACE FUNCTION pgfence.lock_key(name text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN ('x' || encode(substring(sha256(convert_to(name, 'UTF8')) FROM 1 FOR 8), 'hex'))::bit(64)::bigint;
+
+CREATE OR REPLACE FUNCTION pgfence.wait_key(lease text) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN (pgfence.lock_key(lease) >> 32)::integer;
+
+CREATE OR REPLACE FUNCTION pgfence.try_acquire(lease text, lease_owner text, ttl_us bigint,
+        OUT granted boolean, OUT holder text, OUT fence bigint, OUT acquired_at timestamptz,
+        OUT renewed_at timestamptz, OUT expires_at timestamptz, OUT remaining_us bigint)
+    RETURNS SETOF record
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    min_fence bigint;
+BEGIN
+    IF ttl_us IS NULL OR ttl_us < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('pgfence: ttl must be positive, got %s microseconds', coalesce(ttl_us::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    SELECT false, c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at,
+           (extract(epoch FROM c.expires_at - clock_timestamp()) * 1000000)::bigint
+      FROM pgfence.leases AS c
+     WHERE c.name = lease AND c.expires_at > clock_timestamp();
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT f.floor + 1 INTO min_fence FROM pgfence.fence_floor AS f;
+    PERFORM pg_advisory_xact_lock(1885824614, pgfence.wait_key(lease));
+    RETURN QUERY
+    INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at)
+    VALUES (lease, lease_owner,
+            greatest((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, min_fence),
+            clock_timestamp(), clock_timestamp(), clock_timestamp() + ttl_us * interval '1 microsecond')
+    ON CONFLICT (name) DO UPDATE
+       SET owner       = EXCLUDED.owner,
+           fence       = greatest(l.fence + 1, EXCLUDED.fence),
+           acquired_at = EXCLUDED.acquired_at,
+           renewed_at  = EXCLUDED.renewed_at,
+           expires_at  = EXCLUDED.expires_at,
+           metadata    = NULL
+     WHERE l.expires_at <= clock_timestamp()
+    RETURNING true, l.owner, l.fence, l.acquired_at, l.renewed_at, l.expires_at, ttl_us;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    -- Taken meanwhile (the upsert re-checked the newest version): report
+    -- that holder from a new snapshot.
+    RETURN QUERY
+    SELECT false, c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at,
+           (extract(epoch FROM c.expires_at - clock_timestamp()) * 1000000)::bigint
+      FROM pgfence.leases AS c
+     WHERE c.name = lease AND c.expires_at > clock_timestamp();
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgfence.try_acquire(lease text, lease_owner text, ttl_us bigint, data text,
+        OUT granted boolean, OUT holder text, OUT fence bigint, OUT acquired_at timestamptz,
+        OUT renewed_at timestamptz, OUT expires_at timestamptz, OUT remaining_us bigint,
+        OUT holder_data jsonb)
+    RETURNS SETOF record
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    min_fence bigint;
+    doc       jsonb := CASE WHEN data IS NOT NULL THEN pgfence.check_data(data) END; -- no call without data
+BEGIN
+    IF ttl_us IS NULL OR ttl_us < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('pgfence: ttl must be positive, got %s microseconds', coalesce(ttl_us::text, 'NULL'));
+    END IF;
+    RETURN QUERY
+    SELECT false, c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at,
+           (extract(epoch FROM c.expires_at - clock_timestamp()) * 1000000)::bigint, c.metadata
+      FROM pgfence.leases AS c
+     WHERE c.name = lease AND c.expires_at > clock_timestamp();
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    SELECT f.floor + 1 INTO min_fence FROM pgfence.fence_floor AS f;
+    PERFORM pg_advisory_xact_lock(1885824614, pgfence.wait_key(lease)); -- the fence lock: see token_fence
+    RETURN QUERY
+    INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at, metadata)
+    VALUES (lease, lease_owner,
+            greatest((extract(epoch FROM clock_timestamp()) * 1000000)::bigint, min_fence),
+            clock_timestamp(), clock_timestamp(), clock_timestamp() + ttl_us * interval '1 microsecond', doc)
+    ON CONFLICT (name) DO UPDATE
+       SET owner       = EXCLUDED.owner,
+           fence       = greatest(l.fence + 1, EXCLUDED.fence),
+           acquired_at = EXCLUDED.acquired_at,
+           renewed_at  = EXCLUDED.renewed_at,
+           expires_at  = EXCLUDED.expires_at,
+           metadata    = EXCLUDED.metadata
+     WHERE l.expires_at <= clock_timestamp()
+    RETURNING true, l.owner, l.fence, l.acquired_at, l.renewed_at, l.expires_at, ttl_us, l.metadata;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT false, c.owner, c.fence, c.acquired_at, c.renewed_at, c.expires_at,
+           (extract(epoch FROM c.expires_at - clock_timestamp()) * 1000000)::bigint, c.metadata
+      FROM pgfence.leases AS c
+     WHERE c.name = lease AND c.expires_at > clock_timestamp();
+END
+$$;
+
+COMMIT;
