@@ -100,7 +100,7 @@ func (lk *Lock) stopMonitor() {
 func (lk *Lock) lose(why lostCause, err error) {
 	conn := lk.conn
 	lk.conn = nil
-	lk.l.destroy(conn, lk.name, "lock lost")
+	lk.l.destroy(conn, lk.label, "lock lost")
 	lk.l.tel.lost(lk, why, err) // before the context ends: whoever sees Done sees the metrics
 	lk.cancel(ErrLost)
 }
