@@ -120,11 +120,12 @@
 // server shutdown or crash, or a reset connection therefore end the Context
 // within milliseconds of the socket learning of it (the watch starts 50ms
 // after the grant, so a session killed earlier is noticed at that point;
-// short holds never touch the socket). After each liveness interval without
+// short holds never read the socket). After each liveness interval without
 // traffic it sends one empty query with the liveness timeout, which catches
 // a network that has gone silent: the Context ends within interval +
 // timeout (1s + 3s by default; see WithLivenessCheck). Unlock stops the
-// goroutine and waits for it.
+// goroutine and waits for it: at once, or after a liveness query in
+// flight.
 //
 // Loss means this process can no longer rely on the lock; it does not mean
 // another process already has it. After a terminated backend the server has

@@ -5,7 +5,6 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,23 +28,23 @@ type Lock struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// The monitor goroutine (monitor.go) owns conn from the grant until it
-	// closes done; after that, conn is Unlock's. The monitor returns when
-	// stop closes (Unlock) or when it finds the session gone (it then
-	// destroys conn and sets it to nil).
-	conn     *pgxpool.Conn
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
-	timer    *time.Timer // starts the monitor; stopped by Unlock if it has not yet
-	watching atomic.Bool // the monitor is (about to be) blocked reading the socket
+	// The monitor goroutine (monitor.go), started at the grant, owns conn
+	// until it closes done; after that, conn is Unlock's. The monitor
+	// returns when Unlock closes stop, or when it finds the session gone
+	// (it then destroys conn and sets it to nil). Only Unlock closes stop,
+	// and only the monitor closes done. mu orders the socket's deadlines
+	// between the two (see stopMonitor).
+	conn *pgxpool.Conn
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
 
 	unlockOnce sync.Once
 	unlockErr  error
 }
 
 // monitorStartDelay is how long after the grant the session monitor
-// starts watching. Short holds (most of them) never touch the socket; a
+// starts watching. Short holds (most of them) never read the socket; a
 // session killed during the delay is noticed when it ends.
 const monitorStartDelay = 50 * time.Millisecond
 
@@ -64,7 +63,7 @@ func newLock(l *Locker, conn *pgxpool.Conn, s lockSet, shared bool, since time.T
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	lk.timer = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
+	go lk.monitor(min(l.hooks.monitorDelay, l.cfg.interval))
 	return lk
 }
 
