@@ -16,8 +16,8 @@ import (
 // same work done by hand on the pool (acquire, pg_try_advisory_lock,
 // pg_advisory_unlock, release), on names no other goroutine uses, with 1
 // and 8 goroutines. pglock must cost no more than the raw path: both make
-// the same two round trips, and a lock held this briefly never starts its
-// session monitor.
+// the same two round trips, and the session monitor of a lock held this
+// briefly never reads the socket (Unlock finds it waiting its start delay).
 func BenchmarkTryLockUnlock(b *testing.B) {
 	pool := newPool(b, pgtest.URL(b), 16)
 	l := newLocker(b, pool)

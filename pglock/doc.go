@@ -40,10 +40,38 @@
 // high 32 bits of the key, objid = the low 32 bits, objsubid = 1. A key
 // cannot be turned back into a name: List and Get report keys.
 //
+// # Several names
+//
+// LockAll and TryLockAll take a set of names at once, exclusively, on one
+// session, and return one Lock for the set: Names lists them, Unlock
+// releases them all, and the loss of the session loses them all.
+// XactLockAll and TryXactLockAll do the same in transaction scope. The
+// caller's order does not matter and a name given twice counts once:
+// the keys are taken in ascending Key order, in one statement.
+//
+// All or none. A try that finds one name held gives back the names it
+// took before it (TryXactLockAll rolls back to a savepoint, which releases
+// transaction locks taken after it) and reports the first name held. A
+// blocking call that fails or whose ctx ends part-way may hold some names
+// on its session, which is then destroyed (session scope) or must be
+// rolled back (transaction scope).
+//
+// No deadlock, with one rule: ask for all the locks you need at once, and
+// ask for none while you hold one. Every call that waits then holds only
+// keys below the one it waits for, so no circle of waiters can form,
+// whatever mix of LockAll, XactLockAll, Lock, RLock and XactLock the
+// callers use. A caller that holds a lock (a Lock, or an earlier XactLock
+// in the same transaction) and asks for another can deadlock with one
+// doing the same in the other order: PostgreSQL then aborts one of the
+// waits with SQLSTATE 40P01 after deadlock_timeout. Two Locks of one
+// process do not share a session, so a goroutine that holds "a" and asks
+// for a set containing "a" waits for itself, which PostgreSQL cannot see,
+// until ctx ends.
+//
 // # State model
 //
-// A Lock is held from the moment Lock, TryLock, RLock or TryRLock returns it
-// until exactly one of:
+// A Lock is held from the moment Lock, TryLock, RLock, TryRLock, LockAll or
+// TryLockAll returns it until exactly one of:
 //
 //   - Unlock: the lock is released and the connection returns to the pool;
 //     the Lock's Context ends with cause ErrUnlocked;
@@ -92,11 +120,12 @@
 // server shutdown or crash, or a reset connection therefore end the Context
 // within milliseconds of the socket learning of it (the watch starts 50ms
 // after the grant, so a session killed earlier is noticed at that point;
-// short holds never touch the socket). After each liveness interval without
+// short holds never read the socket). After each liveness interval without
 // traffic it sends one empty query with the liveness timeout, which catches
 // a network that has gone silent: the Context ends within interval +
 // timeout (1s + 3s by default; see WithLivenessCheck). Unlock stops the
-// goroutine and waits for it.
+// goroutine and waits for it: at once, or after a liveness query in
+// flight.
 //
 // Loss means this process can no longer rely on the lock; it does not mean
 // another process already has it. After a terminated backend the server has
@@ -116,14 +145,17 @@
 //     1..200 bytes, got 0". New fails with it; nothing panics on nil.
 //   - *HeldError, matching ErrLocked: TryLock and TryRLock found the lock
 //     held; it lists the holders' sessions (pid, application_name, client
-//     address, state and since when), read in the same round trip.
+//     address, state and since when), read on the same connection.
+//     TryLockAll wraps it with the set: pglock: try lock all ["a" "b"]:
+//     lock "b" held by pid 4242 (...).
 //   - ErrLost, ErrUnlocked: the causes of a Lock's Context.
 //   - ErrStandby: the server is in recovery; no lock was taken.
 //   - ErrPooler: a transaction-mode pooler (see below).
 //   - the context's error when ctx ends.
 //
 // Every error's text starts with "pglock: " once, followed by the
-// operation and the name: pglock: unlock "billing": lock lost. Hints for
+// operation and the name, or the set in Key order: pglock: unlock
+// "billing": lock lost; pglock: lock all ["b" "a"]: context canceled. Hints for
 // PostgreSQL errors come from their SQLSTATE. Unlock is safe to repeat;
 // only the first call does anything and later calls return its result.
 //
@@ -147,7 +179,8 @@
 //	pgfence.lock.hold.duration  histogram, s   mode, outcome
 //	pgfence.lock.lost           counter, {lock} mode, cause
 //
-// mode is exclusive or shared; try is true for TryLock and TryRLock. The
+// mode is exclusive or shared; try is true for TryLock, TryRLock and
+// TryLockAll (a set records as one lock, named by Name). The
 // wait runs from the call (after input validation) to the grant or the
 // failure, taking a pooled connection included; its outcome is acquired,
 // locked (Try*: held elsewhere), canceled (ctx ended) or error. The hold
@@ -158,15 +191,15 @@
 // not_held (Unlock found that the session no longer held it). With
 // WithNameAttribute(true) every measurement also carries name, the lock
 // name; it is off by default because each name is a separate time series.
-// XactLock and TryXactLock have no Locker and record nothing.
+// The transaction-scoped calls have no Locker and record nothing.
 //
 // # Logs
 //
 // WithLogger (discarded by default): "pglock: lock acquired" and "pglock:
 // lock released" at Debug, "pglock: lock lost" at Warn, with the attributes
-// name, key, pid, mode, cause, waited or held; "pglock: connection
-// destroyed" at Debug (name, pid, why); "pglock: unlock failed" at Warn
-// when the Unlock that Do runs fails.
+// name, key (keys, for a set of several), pid, mode, cause, waited or
+// held; "pglock: connection destroyed" at Debug (name, pid, why);
+// "pglock: unlock failed" at Warn when the Unlock that Do runs fails.
 //
 // # PgBouncer and other transaction-mode poolers
 //

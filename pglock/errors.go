@@ -11,17 +11,18 @@ import (
 )
 
 var (
-	// ErrInvalid matches every bad-input error: an invalid name, a nil
-	// pool, context, callback, transaction or Lock, an invalid option.
+	// ErrInvalid matches every bad-input error: an invalid name, an empty
+	// set of names, a nil pool, context, callback, transaction or Lock, an
+	// invalid option.
 	// Nothing was taken and retrying cannot help. The error's text names
 	// the argument and why: "pglock: invalid name: must be 1..200 bytes,
 	// got 0".
 	ErrInvalid = errors.New("pglock: invalid input")
 
-	// ErrLocked matches the error TryLock and TryRLock return when another
-	// session holds the lock in a conflicting mode. That error is a
-	// *HeldError naming the holders. No lock is taken and no connection
-	// kept.
+	// ErrLocked matches the error TryLock, TryRLock and TryLockAll return
+	// when another session holds a lock in a conflicting mode. That error
+	// is (or, from TryLockAll, wraps) a *HeldError naming the holders. No
+	// lock is taken and no connection kept.
 	ErrLocked = errors.New("pglock: lock held by another session")
 
 	// ErrLost is the cause of a Lock's Context once its session died or
@@ -40,20 +41,28 @@ var (
 	ErrStandby = errors.New("pglock: server is a standby (in recovery)")
 )
 
-// opError is an error of op on the lock name. Its text starts with
-// "pglock: " exactly once, whatever it wraps: pglock: unlock "x": lock lost.
+// opError is an error of op on the lock name, or on a set of names. Its
+// text starts with "pglock: " exactly once, whatever it wraps: pglock:
+// unlock "x": lock lost; pglock: lock all ["a" "b"]: context canceled.
 type opError struct {
-	op, name string
-	err      error
+	op    string
+	names []string // one, or the set in the order it is taken
+	err   error
 }
 
 func (e *opError) Error() string {
-	return fmt.Sprintf("pglock: %s %q: %s", e.op, e.name, strings.TrimPrefix(e.err.Error(), "pglock: "))
+	var what any = e.names
+	if len(e.names) == 1 {
+		what = e.names[0]
+	}
+	return fmt.Sprintf("pglock: %s %q: %s", e.op, what, strings.TrimPrefix(e.err.Error(), "pglock: "))
 }
 
 func (e *opError) Unwrap() error { return e.err }
 
-func opErr(op, name string, err error) error { return &opError{op: op, name: name, err: err} }
+func opErr(op, name string, err error) error {
+	return &opError{op: op, names: []string{name}, err: err}
+}
 
 // MaxNameLen is the longest lock name in bytes, the same limit as lease
 // names.
@@ -69,9 +78,12 @@ func (e *invalidError) Is(target error) bool { return target == ErrInvalid }
 func invalid(arg, why string) error { return &invalidError{arg: arg, why: why} }
 
 // checkName validates a lock name by the rules lease names follow.
-func checkName(name string) error {
+func checkName(name string) error { return checkNameArg("name", name) }
+
+// checkNameArg is checkName for the argument arg ("names[2]").
+func checkNameArg(arg, name string) error {
 	if err := names.Check(name, MaxNameLen); err != nil {
-		return invalid("name", err.Error())
+		return invalid(arg, err.Error())
 	}
 	return nil
 }
@@ -85,7 +97,9 @@ func checkCall(ctx context.Context, name string) error {
 }
 
 // HeldError is the error TryLock and TryRLock return when another session
-// holds the lock. It matches ErrLocked with errors.Is.
+// holds the lock. It matches ErrLocked with errors.Is. TryLockAll returns
+// it wrapped with the set, naming the first name of the set (in Key order)
+// that was held.
 type HeldError struct {
 	// Name is the lock's name; Key is Key(Name).
 	Name string

@@ -76,6 +76,41 @@ func ExampleLocker_TryLock() {
 	// holder is idle: true key matches: true
 }
 
+// LockAll takes several names at once, all or none: here the two accounts
+// of a transfer, which other transfers name in the other order. They are
+// taken in Key order whatever the order given, so two opposite transfers
+// never deadlock.
+func ExampleLocker_LockAll() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	locker, err := pglock.New(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	lk, err := locker.LockAll(ctx, "account/alice", "account/bob")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holding", len(lk.Names()), "names")
+
+	// The opposite transfer, on another session, finds one of them held.
+	_, err = locker.TryLockAll(ctx, "account/bob", "account/alice")
+	var held *pglock.HeldError
+	fmt.Println("the other transfer is locked out:", errors.As(err, &held) && errors.Is(err, pglock.ErrLocked))
+
+	if err := lk.Unlock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// holding 2 names
+	// the other transfer is locked out: true
+}
+
 // XactLock serialises transactions on a name; the lock ends with the
 // transaction.
 func ExampleXactLock() {

@@ -39,6 +39,9 @@ func TestBadInputIsInvalid(t *testing.T) {
 			return err
 		}
 	}
+	allCall := func(f func(context.Context, ...string) (*Lock, error), ctx context.Context, names ...string) func() error {
+		return lockCall(func(ctx context.Context, _ string) (*Lock, error) { return f(ctx, names...) }, ctx, "")
+	}
 	long := strings.Repeat("n", MaxNameLen+1)
 	cases := []struct {
 		desc string
@@ -53,6 +56,12 @@ func TestBadInputIsInvalid(t *testing.T) {
 		{"TryLock nil context", lockCall(l.TryLock, nilCtx, "ok"), "pglock: invalid context: is nil"},
 		{"nil Locker Lock", lockCall(nilLocker.Lock, ctx, "ok"), "pglock: invalid locker: is nil"},
 		{"nil Locker TryRLock", lockCall(nilLocker.TryRLock, ctx, "ok"), "pglock: invalid locker: is nil"},
+		{"LockAll no names", allCall(l.LockAll, ctx), "pglock: invalid names: none given"},
+		{"TryLockAll empty name", allCall(l.TryLockAll, ctx, "ok", ""), "pglock: invalid names[1]: must be 1..200 bytes, got 0"},
+		{"LockAll NUL", allCall(l.LockAll, ctx, "a\x00b", "ok"), "pglock: invalid names[0]: must not contain NUL (byte 1)"},
+		{"LockAll nil context", allCall(l.LockAll, nilCtx, "ok"), "pglock: invalid context: is nil"},
+		{"nil Locker LockAll", allCall(nilLocker.LockAll, ctx, "ok"), "pglock: invalid locker: is nil"},
+		{"nil Locker TryLockAll", allCall(nilLocker.TryLockAll, ctx, "ok"), "pglock: invalid locker: is nil"},
 		{"Do nil fn", func() error { return l.Do(ctx, "ok", nil) }, "pglock: invalid callback: fn is nil"},
 		{"Do bad name", func() error { return l.Do(ctx, "", fn) }, "pglock: invalid name: must be 1..200 bytes, got 0"},
 		{"Do nil context", func() error { return l.Do(nilCtx, "ok", fn) }, "pglock: invalid context: is nil"},
@@ -65,6 +74,13 @@ func TestBadInputIsInvalid(t *testing.T) {
 		{"XactLock nil context", func() error { return XactLock(nilCtx, tx, "ok") }, "pglock: invalid context: is nil"},
 		{"TryXactLock nil tx", func() error { _, err := TryXactLock(ctx, nilTx, "ok"); return err }, "pglock: invalid transaction: is nil"},
 		{"TryXactLock nil context", func() error { _, err := TryXactLock(nilCtx, tx, "ok"); return err }, "pglock: invalid context: is nil"},
+		{"XactLockAll no names", func() error { return XactLockAll(ctx, tx) }, "pglock: invalid names: none given"},
+		{"XactLockAll nil tx", func() error { return XactLockAll(ctx, nilTx, "ok") }, "pglock: invalid transaction: is nil"},
+		{"XactLockAll nil context", func() error { return XactLockAll(nilCtx, tx, "ok") }, "pglock: invalid context: is nil"},
+		{"TryXactLockAll bad UTF-8", func() error { _, err := TryXactLockAll(ctx, tx, "ok", "a\xffb"); return err },
+			"pglock: invalid names[1]: must be valid UTF-8 (bad byte at 1)"},
+		{"TryXactLockAll nil tx", func() error { _, err := TryXactLockAll(ctx, nilTx, "ok"); return err }, "pglock: invalid transaction: is nil"},
+		{"TryXactLockAll nil context", func() error { _, err := TryXactLockAll(nilCtx, tx, "ok"); return err }, "pglock: invalid context: is nil"},
 		{"nil Lock Unlock", func() error { return nilLk.Unlock(ctx) }, "pglock: invalid lock: is nil"},
 		{"nil Lock Err", func() error { return nilLk.Err() }, "pglock: invalid lock: is nil"},
 		{"New nil pool", func() error { _, err := New(nil); return err }, "pglock: invalid pool: is nil"},
@@ -91,7 +107,7 @@ func TestBadInputIsInvalid(t *testing.T) {
 	default:
 		t.Error("nil Lock's Done is not closed")
 	}
-	if nilLk.Name() != "" || nilLk.Key() != 0 || nilLk.Shared() || nilLk.Context().Err() == nil {
+	if nilLk.Name() != "" || nilLk.Names() != nil || nilLk.Key() != 0 || nilLk.Shared() || nilLk.Context().Err() == nil {
 		t.Error("nil Lock reports something held")
 	}
 	if lk, err := l.Lock(ctx, strings.Repeat("n", MaxNameLen)); err != nil {
@@ -114,6 +130,8 @@ func TestEndedContextTakesNothing(t *testing.T) {
 	cancel()
 	for op, f := range map[string]func(context.Context, string) (*Lock, error){
 		"lock": l.Lock, "try lock": l.TryLock, "rlock": l.RLock, "try rlock": l.TryRLock,
+		"lock all":     func(ctx context.Context, name string) (*Lock, error) { return l.LockAll(ctx, name) },
+		"try lock all": func(ctx context.Context, name string) (*Lock, error) { return l.TryLockAll(ctx, name) },
 	} {
 		lk, err := f(cancelled, "ok")
 		if lk != nil || !errors.Is(err, context.Canceled) || err.Error() != `pglock: `+op+` "ok": context canceled` {
@@ -130,6 +148,12 @@ func TestEndedContextTakesNothing(t *testing.T) {
 	}
 	if _, err := TryXactLock(cancelled, tx, "ok"); !errors.Is(err, context.Canceled) {
 		t.Errorf("TryXactLock with a cancelled context = %v, want context.Canceled", err)
+	}
+	if err := XactLockAll(cancelled, tx, "ok", "b"); !errors.Is(err, context.Canceled) {
+		t.Errorf("XactLockAll with a cancelled context = %v, want context.Canceled", err)
+	}
+	if _, err := TryXactLockAll(cancelled, tx, "ok", "b"); !errors.Is(err, context.Canceled) {
+		t.Errorf("TryXactLockAll with a cancelled context = %v, want context.Canceled", err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)

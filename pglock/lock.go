@@ -3,69 +3,67 @@ package pglock
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// A Lock is a held session-scoped advisory lock. It pins one pooled
-// connection until Unlock, or until the lock is lost. Its methods are safe
-// for concurrent use, and safe to call on a nil *Lock (which holds
-// nothing: Done is closed, Err and Unlock return an error matching
-// ErrInvalid).
+// A Lock is a held session-scoped advisory lock, or a set of them taken
+// together (LockAll). It pins one pooled connection until Unlock, or until
+// the lock is lost. Its methods are safe for concurrent use, and safe to
+// call on a nil *Lock (which holds nothing: Done is closed, Err and Unlock
+// return an error matching ErrInvalid).
 type Lock struct {
-	l      *Locker
-	name   string
-	key    int64
-	shared bool
-	pid    uint32    // backend of the pinned session, for logs
-	since  time.Time // when the grant was seen, for the hold duration
-	nc     net.Conn  // the pinned connection's socket, for deadlines
+	l       *Locker
+	lockSet // the names and keys held: one, or a set
+	shared  bool
+	pid     uint32    // backend of the pinned session, for logs
+	since   time.Time // when the grant was seen, for the hold duration
+	nc      net.Conn  // the pinned connection's socket, for deadlines
 
 	// ctx is cancelled, with cause ErrUnlocked or ErrLost, when the hold
 	// ends.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// The monitor goroutine (monitor.go) owns conn from the grant until it
-	// closes done; after that, conn is Unlock's. The monitor returns when
-	// stop closes (Unlock) or when it finds the session gone (it then
-	// destroys conn and sets it to nil).
-	conn     *pgxpool.Conn
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
-	timer    *time.Timer // starts the monitor; stopped by Unlock if it has not yet
-	watching atomic.Bool // the monitor is (about to be) blocked reading the socket
+	// The monitor goroutine (monitor.go), started at the grant, owns conn
+	// until it closes done; after that, conn is Unlock's. The monitor
+	// returns when Unlock closes stop, or when it finds the session gone
+	// (it then destroys conn and sets it to nil). Only Unlock closes stop,
+	// and only the monitor closes done. mu orders the socket's deadlines
+	// between the two (see stopMonitor).
+	conn *pgxpool.Conn
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
 
 	unlockOnce sync.Once
 	unlockErr  error
 }
 
 // monitorStartDelay is how long after the grant the session monitor
-// starts watching. Short holds (most of them) never touch the socket; a
+// starts watching. Short holds (most of them) never read the socket; a
 // session killed during the delay is noticed when it ends.
 const monitorStartDelay = 50 * time.Millisecond
 
-func newLock(l *Locker, conn *pgxpool.Conn, name string, key int64, shared bool, since time.Time) *Lock {
+func newLock(l *Locker, conn *pgxpool.Conn, s lockSet, shared bool, since time.Time) *Lock {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lk := &Lock{
-		l:      l,
-		name:   name,
-		key:    key,
-		shared: shared,
-		since:  since,
-		pid:    conn.Conn().PgConn().PID(),
-		nc:     conn.Conn().PgConn().Conn(),
-		ctx:    ctx,
-		cancel: cancel,
-		conn:   conn,
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		l:       l,
+		lockSet: s,
+		shared:  shared,
+		since:   since,
+		pid:     conn.Conn().PgConn().PID(),
+		nc:      conn.Conn().PgConn().Conn(),
+		ctx:     ctx,
+		cancel:  cancel,
+		conn:    conn,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
 	}
-	lk.timer = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
+	go lk.monitor(min(l.hooks.monitorDelay, l.cfg.interval))
 	return lk
 }
 
@@ -77,21 +75,34 @@ var nilLock = func() context.Context {
 	return ctx
 }()
 
-// Name returns the lock's name.
+// Name returns the lock's name. For a Lock of several names (LockAll,
+// TryLockAll) it returns Names joined by ", ": a label for logs and
+// messages, not a name to lock.
 func (lk *Lock) Name() string {
 	if lk == nil {
 		return ""
 	}
-	return lk.name
+	return lk.label
+}
+
+// Names returns the names the Lock holds, each once, in the order they
+// were taken: by Key, then by name. A Lock from Lock, TryLock, RLock or
+// TryRLock holds one. The slice is the caller's.
+func (lk *Lock) Names() []string {
+	if lk == nil {
+		return nil
+	}
+	return slices.Clone(lk.names)
 }
 
 // Key returns the lock's key, Key(Name()): the bigint PostgreSQL sees in
 // pg_locks (classid = high 32 bits, objid = low 32 bits, objsubid = 1).
+// For a Lock of several names, Key(Names()[0]): the lowest of its keys.
 func (lk *Lock) Key() int64 {
 	if lk == nil {
 		return 0
 	}
-	return lk.key
+	return lk.keys[0]
 }
 
 // Shared reports whether the lock is held in shared mode (RLock, TryRLock).
@@ -117,7 +128,8 @@ func (lk *Lock) Done() <-chan struct{} { return lk.Context().Done() }
 // (the cause of Context).
 func (lk *Lock) Err() error { return context.Cause(lk.Context()) }
 
-// Unlock releases the lock and returns its connection to the pool.
+// Unlock releases the lock (every name of it) and returns its connection
+// to the pool.
 //
 // ctx bounds the unlock round trip (and nothing else: if a liveness check
 // is in flight, Unlock first waits for it, at most the liveness timeout);
@@ -144,7 +156,7 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	conn := lk.conn
 	lk.conn = nil
 	if conn == nil {
-		return opErr("unlock", lk.name, context.Cause(lk.ctx)) // lost; the monitor said so
+		return lk.opErr("unlock", context.Cause(lk.ctx)) // lost; the monitor said so
 	}
 	_ = lk.nc.SetDeadline(time.Time{}) // clear what the monitor left
 	if ctx == nil {
@@ -152,25 +164,21 @@ func (lk *Lock) unlock(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(context.Background(), lk.l.cfg.unlockTimeout)
 		defer cancel()
 	}
-	sql := sqlUnlock
-	if lk.shared {
-		sql = sqlUnlockShared
-	}
-	var released bool
-	err := conn.QueryRow(ctx, sql, lk.key).Scan(&released)
+	released, err := unlockKeys(ctx, conn, lk.keys, lk.shared)
 	switch {
 	case err != nil:
-		lk.l.destroy(conn, lk.name, "unlock failed")
+		lk.l.destroy(conn, lk.label, "unlock failed")
 		lk.l.tel.unlocked(lk)
 		lk.cancel(ErrUnlocked)
-		return opErr("unlock", lk.name, err) // the connection was closed, which released the lock
+		return lk.opErr("unlock", err) // the connection was closed, which released the lock
 	case !released:
-		// The session did not hold the lock: something outside pglock
-		// released it. Nobody can trust what this session holds.
-		lk.l.destroy(conn, lk.name, "unlock returned false")
+		// The session did not hold the lock (or one of the set):
+		// something outside pglock released it. Nobody can trust what
+		// this session holds.
+		lk.l.destroy(conn, lk.label, "unlock returned false")
 		lk.l.tel.lost(lk, lostNotHeld, nil)
 		lk.cancel(ErrLost)
-		return opErr("unlock", lk.name, ErrLost)
+		return lk.opErr("unlock", ErrLost)
 	}
 	conn.Release()
 	lk.l.tel.unlocked(lk)

@@ -114,77 +114,128 @@ func (l *Locker) acquire(ctx context.Context, name string, m mode) (*Lock, error
 	if err := checkCall(ctx, name); err != nil {
 		return nil, err
 	}
+	return l.take(ctx, oneName(name), m)
+}
+
+// take acquires the session locks of s in mode m on one pooled connection
+// (several keys only exclusively).
+func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, opErr(m.op, name, err)
+		return nil, s.opErr(m.op, err)
 	}
-	key := Key(name)
 	start := time.Now()
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		l.tel.waitFailed(ctx, name, m, waitOutcomeOf(ctx), start)
-		return nil, opErr(m.op, name, fmt.Errorf("acquire connection: %w", err))
+		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+		return nil, s.opErr(m.op, fmt.Errorf("acquire connection: %w", err))
 	}
 	var (
 		pid       uint32
-		granted   = true
-		held      []byte
+		taken     = len(s.keys) // of s.keys, those before taken are held
 		abandoned bool
 	)
 	switch {
-	case m.try && m.shared:
-		err = conn.QueryRow(ctx, sqlTryLockShared, key).Scan(&pid, &granted)
-	case m.try:
-		err = conn.QueryRow(ctx, sqlTryLock, key).Scan(&pid, &granted)
+	case !m.try:
+		pid, abandoned, err = l.wait(ctx, conn, s.keys, m.shared)
+	case len(s.keys) > 1:
+		var n int32
+		err = conn.QueryRow(ctx, sqlTryLockAll, s.keys, false).Scan(&pid, &n)
+		taken = int(n)
 	default:
-		pid, abandoned, err = l.wait(ctx, conn, key, m.shared)
+		sql, granted := sqlTryLock, false
+		if m.shared {
+			sql = sqlTryLockShared
+		}
+		err = conn.QueryRow(ctx, sql, s.keys[0]).Scan(&pid, &granted)
+		if !granted {
+			taken = 0
+		}
 	}
 	switch {
 	case abandoned:
 		// ctx ended during the wait, and the server has ended it (see
 		// wait). Even a grant that raced the cancellation is given up.
-		l.destroy(conn, name, "wait abandoned")
-		l.tel.waitFailed(ctx, name, m, waitCanceled, start)
-		return nil, opErr(m.op, name, ctx.Err())
+		l.destroy(conn, s.label, "wait abandoned")
+		l.tel.waitFailed(ctx, s.label, m, waitCanceled, start)
+		return nil, s.opErr(m.op, ctx.Err())
 	case errors.Is(err, pgx.ErrNoRows):
 		// A standby: the lock function never ran, the session holds nothing.
 		conn.Release()
-		l.tel.waitFailed(ctx, name, m, waitError, start)
-		return nil, opErr(m.op, name, ErrStandby)
+		l.tel.waitFailed(ctx, s.label, m, waitError, start)
+		return nil, s.opErr(m.op, ErrStandby)
 	case err != nil:
 		// The statement may have been granted as it failed: the lock
 		// state of this session is unknown, so the session goes.
-		l.destroy(conn, name, "acquire failed")
-		l.tel.waitFailed(ctx, name, m, waitOutcomeOf(ctx), start)
-		return nil, opErr(m.op, name, err)
-	case !granted:
-		// PostgreSQL said no: this session holds nothing new. Who holds
-		// it is read only now, on this path: the query reads pg_locks,
-		// which would cost every successful try too.
-		if qerr := conn.QueryRow(ctx, sqlHolders, key).Scan(&held); qerr != nil {
-			held = nil // the error still says it is held; holders unknown
-		}
-		conn.Release()
-		l.tel.waitFailed(ctx, name, m, waitLocked, start)
-		return nil, &HeldError{Name: name, Key: key, Holders: decodeHolders(held)}
+		l.destroy(conn, s.label, "acquire failed")
+		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+		return nil, s.opErr(m.op, err)
+	case taken < len(s.keys):
+		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
+		return nil, l.refused(ctx, conn, s, taken, m.op)
 	}
 	// On a direct connection the answering backend is the one the
 	// connection was opened to, and there is nothing to check. Through a
 	// pooler the pid differs (PgBouncer hands clients keys of its own), and
-	// the lock must be proven to belong to the session we still talk to.
+	// the lock must be proven to belong to the session we still talk to
+	// (one key of a set proves it: one statement took them all).
 	if pid != conn.Conn().PgConn().PID() {
-		if err := verifySession(ctx, conn.Conn(), key, m.shared); err != nil {
+		if err := verifySession(ctx, conn.Conn(), s.keys[0], m.shared); err != nil {
 			// The lock went to a server session this connection may no
 			// longer reach (a transaction-mode pooler: ErrPooler), or the
 			// check failed: either way the lock state is in doubt, so the
 			// session goes.
-			l.destroy(conn, name, "session check failed")
-			l.tel.waitFailed(ctx, name, m, waitOutcomeOf(ctx), start)
-			return nil, opErr(m.op, name, err)
+			l.destroy(conn, s.label, "session check failed")
+			l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+			return nil, s.opErr(m.op, err)
 		}
 	}
-	lk := newLock(l, conn, name, key, m.shared, time.Now())
+	lk := newLock(l, conn, s, m.shared, time.Now())
 	l.tel.acquired(ctx, lk, m, start)
 	return lk, nil
+}
+
+// refused ends a try that PostgreSQL refused at s.keys[taken], after it
+// granted the keys before that one: it reads who holds the refused key,
+// gives back the keys taken (destroying the session if that is not
+// confirmed), returns conn, and returns the *HeldError (wrapped with the
+// set when the set has several names).
+func (l *Locker) refused(ctx context.Context, conn *pgxpool.Conn, s lockSet, taken int, op string) error {
+	key := s.keys[taken]
+	// Who holds it is read only now, on this path: the query reads
+	// pg_locks, which would cost every successful try too.
+	var held []byte
+	if err := conn.QueryRow(ctx, sqlHolders, key).Scan(&held); err != nil {
+		held = nil // the error still says it is held; holders unknown
+	}
+	if taken > 0 {
+		if released, err := unlockKeys(ctx, conn, s.keys[:taken], false); err != nil || !released {
+			l.destroy(conn, s.label, "give back failed")
+			conn = nil
+		}
+	}
+	if conn != nil {
+		conn.Release()
+	}
+	herr := &HeldError{Name: s.nameOf(key), Key: key, Holders: decodeHolders(held)}
+	if len(s.names) > 1 {
+		return s.opErr(op, herr)
+	}
+	return herr
+}
+
+// unlockKeys releases the session locks keys (several only exclusive) held
+// by conn's session, and reports whether PostgreSQL confirmed that the
+// session held every one.
+func unlockKeys(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool) (released bool, err error) {
+	switch {
+	case len(keys) > 1:
+		err = conn.QueryRow(ctx, sqlUnlockAll, keys).Scan(&released)
+	case shared:
+		err = conn.QueryRow(ctx, sqlUnlockShared, keys[0]).Scan(&released)
+	default:
+		err = conn.QueryRow(ctx, sqlUnlock, keys[0]).Scan(&released)
+	}
+	return released, err
 }
 
 // destroyCloseTimeout bounds the polite close (Terminate message) of a

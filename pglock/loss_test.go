@@ -14,8 +14,29 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// isWatching reports whether lk's monitor is blocked reading its socket.
-func (lk *Lock) isWatching() bool { return lk.watching.Load() }
+// watchStarts makes the monitors of l's Locks signal each watch they
+// begin: the channel receives (coalesced) when one is about to block
+// reading its socket. Call it right after New, before any Lock.
+func watchStarts(l *Locker) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	l.hooks.watching = func(*Lock) {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return ch
+}
+
+// awaitWatch waits for a signal from watchStarts.
+func awaitWatch(t testing.TB, watching <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-watching:
+	case <-time.After(10 * time.Second): // the watch begins 50ms after the grant; generous for a loaded machine
+		t.Fatal("the monitor did not begin watching within 10s")
+	}
+}
 
 func TestTerminateBackendClosesDone(t *testing.T) {
 	t.Parallel()
@@ -23,6 +44,7 @@ func TestTerminateBackendClosesDone(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			t.Parallel()
 			pool, l := setup(t)
+			watching := watchStarts(l)
 			ctx := testContext(t)
 			// The operator's session, checked out first so that the pool
 			// holds exactly it and the victim's.
@@ -35,7 +57,7 @@ func TestTerminateBackendClosesDone(t *testing.T) {
 				t.Fatal(err)
 			}
 			if when == "while the monitor watches" {
-				pgtest.WaitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
+				awaitWatch(t, watching)
 			}
 			total := pool.Stat().TotalConns()
 
@@ -200,12 +222,13 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 
 	const interval, timeout = 200 * time.Millisecond, 300 * time.Millisecond
 	l := newLocker(t, viaProxy, WithLivenessCheck(interval, timeout))
+	watching := watchStarts(l)
 	ctx := testContext(t)
 	lk, err := l.Lock(ctx, "net")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgtest.WaitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
+	awaitWatch(t, watching)
 
 	start := time.Now()
 	px.Blackhole()

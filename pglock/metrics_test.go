@@ -146,12 +146,13 @@ func TestMetricsLostWithName(t *testing.T) {
 	t.Parallel()
 	mr := metrictest.New(t)
 	pool, l := setup(t, WithMeterProvider(mr.MP), WithNameAttribute(true))
+	watching := watchStarts(l)
 	ctx := testContext(t)
 	lk, err := l.Lock(ctx, "victim")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgtest.WaitFor(t, 10*time.Second, "the monitor to watch", lk.isWatching)
+	awaitWatch(t, watching)
 	var ok bool
 	if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, int32(lk.pid)).Scan(&ok); err != nil || !ok {
 		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)

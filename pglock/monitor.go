@@ -5,21 +5,23 @@ import (
 	"errors"
 	"net"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // aLongTimeAgo is a deadline in the past: setting it makes a blocked read
 // return at once with a timeout.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// monitor is the Lock's one goroutine, started by the Lock's timer after a
-// short delay (so that a lock held briefly costs no goroutine and no
-// hand-off at Unlock: Unlock stops the timer). Once started it owns the
+// monitor is the Lock's one goroutine, started at the grant. It owns the
 // pinned connection until it returns, and it returns in exactly two ways:
 // Unlock closed stop (the connection is then Unlock's), or the session is
 // gone (it destroys the connection and ends the Lock's context with
-// ErrLost). done closes when it has returned.
+// ErrLost). It closes done when it returns; nothing else does.
 //
-// It alternates two phases:
+// It first waits delay, or until stop closes: a lock held briefly (most
+// are) never reads the socket, and its Unlock finds the monitor here. Then
+// it alternates two phases:
 //
 //   - watch: block reading the socket for up to the liveness interval. An
 //     idle session receives nothing, so anything that ends the read other
@@ -31,22 +33,25 @@ var aLongTimeAgo = time.Unix(1, 0)
 //
 // It uses socket deadlines, not contexts, so it never depends on the pool's
 // context-watcher configuration and never sends a cancel request.
-func (lk *Lock) monitor() {
+func (lk *Lock) monitor(delay time.Duration) {
 	defer close(lk.done)
-	if lk.stopped() {
+	t := time.NewTimer(delay)
+	select {
+	case <-lk.stop:
+		t.Stop()
 		return
+	case <-t.C:
 	}
 	pg := lk.conn.Conn().PgConn()
 	cfg := lk.l.cfg
 	for {
-		lk.watching.Store(true)
-		_ = lk.nc.SetReadDeadline(time.Now().Add(cfg.interval))
-		if lk.stopped() { // checked after the deadline is set: see stopMonitor
-			lk.watching.Store(false)
+		if !lk.startWatch(cfg.interval) {
 			return
 		}
+		if h := lk.l.hooks.watching; h != nil {
+			h(lk)
+		}
 		err := pg.WaitForNotification(context.Background())
-		lk.watching.Store(false)
 		switch {
 		case err == nil:
 			continue // a NOTIFY for a channel this session once LISTENed on
@@ -54,15 +59,43 @@ func (lk *Lock) monitor() {
 			lk.lose(lostSessionEnded, err)
 			return
 		case lk.stopped():
+			return // stopMonitor cut the watch short
+		}
+		if !lk.probe(pg, cfg.timeout) {
 			return
 		}
-		_ = lk.nc.SetDeadline(time.Now().Add(cfg.timeout))
-		if err := pg.Ping(context.Background()); err != nil {
-			lk.lose(lostLivenessFailed, err)
-			return
-		}
-		_ = lk.nc.SetDeadline(time.Time{})
 	}
+}
+
+// startWatch sets the watch's read deadline, d from now, and reports true;
+// or, once stop is closed, false.
+func (lk *Lock) startWatch(d time.Duration) bool {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.stopped() {
+		return false
+	}
+	_ = lk.nc.SetReadDeadline(time.Now().Add(d))
+	return true
+}
+
+// probe runs the liveness check, one round trip bounded by timeout, and
+// reports whether the session passed it; false also once stop is closed.
+// It holds mu throughout, so that stopMonitor waits for it rather than cut
+// it short (which would break the connection).
+func (lk *Lock) probe(pg *pgconn.PgConn, timeout time.Duration) bool {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.stopped() {
+		return false
+	}
+	_ = lk.nc.SetDeadline(time.Now().Add(timeout))
+	if err := pg.Ping(context.Background()); err != nil {
+		lk.lose(lostLivenessFailed, err)
+		return false
+	}
+	_ = lk.nc.SetDeadline(time.Time{})
+	return true
 }
 
 func (lk *Lock) stopped() bool {
@@ -74,23 +107,21 @@ func (lk *Lock) stopped() bool {
 	}
 }
 
-// stopMonitor makes the monitor hand the connection back and waits until it
-// has: at once if it is waiting to start or watching, after the round trip
-// if it is probing (bounded by the liveness timeout). Safe to repeat.
+// stopMonitor makes the monitor return and hand the connection back, and
+// waits until it has: at once if it is waiting to start or watching, after
+// the round trip if it is probing (bounded by the liveness timeout). Unlock
+// calls it, once.
 //
-// The monitor sets its read deadline before it checks stop, and stop is
-// closed here before watching is read: so either the monitor sees stop
-// and does not read, or this sees watching and cuts the read short.
+// It closes stop, then, holding mu, sets a read deadline in the past. The
+// monitor sets a watch's deadline only while holding mu and after checking
+// stop: so either it sees stop and does not watch, or its watch, under way
+// or about to begin, ends at once on this deadline. A probe holds mu, so
+// the deadline never cuts one short.
 func (lk *Lock) stopMonitor() {
-	lk.stopOnce.Do(func() {
-		close(lk.stop)
-		if lk.timer.Stop() {
-			close(lk.done) // the monitor never started, and now never will
-		}
-	})
-	if lk.watching.Load() {
-		_ = lk.nc.SetReadDeadline(aLongTimeAgo)
-	}
+	close(lk.stop)
+	lk.mu.Lock()
+	_ = lk.nc.SetReadDeadline(aLongTimeAgo)
+	lk.mu.Unlock()
 	<-lk.done
 }
 
@@ -100,7 +131,7 @@ func (lk *Lock) stopMonitor() {
 func (lk *Lock) lose(why lostCause, err error) {
 	conn := lk.conn
 	lk.conn = nil
-	lk.l.destroy(conn, lk.name, "lock lost")
+	lk.l.destroy(conn, lk.label, "lock lost")
 	lk.l.tel.lost(lk, why, err) // before the context ends: whoever sees Done sees the metrics
 	lk.cancel(ErrLost)
 }

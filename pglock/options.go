@@ -53,6 +53,9 @@ type hooks struct {
 	// noCancelRequest skips the cancel request of an abandoned wait, as
 	// if it were lost on the network.
 	noCancelRequest bool
+	// watching, if set, is called by a Lock's monitor each time it is
+	// about to block reading the socket.
+	watching func(*Lock)
 }
 
 // WithLogger sends the Locker's log records to l (see the package

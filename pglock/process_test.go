@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +25,8 @@ const (
 	helperURL    = "PGLOCK_TEST_URL"
 	helperMarker = "PGLOCK_TEST_MARKER"
 	helperRounds = "PGLOCK_TEST_ROUNDS"
+	// set: hold these names (newline-separated) by LockAll until killed
+	helperHoldAll = "PGLOCK_TEST_HOLD_ALL"
 )
 
 // Separate OS processes (and goroutines beside them) exclude each other.
@@ -43,9 +46,7 @@ func TestLockExcludesProcesses(t *testing.T) {
 	outs := make([]bytes.Buffer, procs)
 	errs := make([]error, procs)
 	for i := range procs {
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-		cmd.Env = append(os.Environ(), helperEnv+"=1", helperURL+"="+url, helperMarker+"="+marker,
-			helperRounds+"="+strconv.Itoa(rounds))
+		cmd := helperCommand(ctx, url, helperMarker+"="+marker, helperRounds+"="+strconv.Itoa(rounds))
 		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start helper: %v", err)
@@ -73,15 +74,21 @@ func TestLockExcludesProcesses(t *testing.T) {
 	assertIdle(t, pool)
 }
 
+// helperCommand runs this test binary as a helper process
+// (TestHelperProcess) on the database url, with env added to its
+// environment.
+func helperCommand(ctx context.Context, url string, env ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), helperEnv+"=1", helperURL+"="+url), env...)
+	return cmd
+}
+
 // TestHelperProcess is not a test: TestLockExcludesProcesses runs the test
-// binary again with PGLOCK_TEST_HELPER set to make this a participant.
+// binary again with PGLOCK_TEST_HELPER set to make this a participant, and
+// TestLockAllAfterHolderProcessKilled to make this a holder it kills.
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) == "" {
 		return
-	}
-	rounds, err := strconv.Atoi(os.Getenv(helperRounds))
-	if err != nil {
-		t.Fatalf("helper: rounds: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -90,6 +97,14 @@ func TestHelperProcess(t *testing.T) {
 		t.Fatalf("helper: pool: %v", err)
 	}
 	defer pool.Close()
+	if set := os.Getenv(helperHoldAll); set != "" {
+		holdAll(ctx, t, newLocker(t, pool), strings.Split(set, "\n"))
+		return
+	}
+	rounds, err := strconv.Atoi(os.Getenv(helperRounds))
+	if err != nil {
+		t.Fatalf("helper: rounds: %v", err)
+	}
 	if err := criticalSections(ctx, newLocker(t, pool), os.Getenv(helperMarker), rounds); err != nil {
 		t.Fatalf("helper: %v", err)
 	}

@@ -26,10 +26,50 @@ SELECT pg_backend_pid(), pg_advisory_lock_shared($1) FROM timeout WHERE NOT pg_i
 	sqlUnlock       = `SELECT pg_advisory_unlock($1)`
 	sqlUnlockShared = `SELECT pg_advisory_unlock_shared($1)`
 
+	// sqlLockAll is sqlLock for the keys $1, taken one after the other in
+	// array order (unnest returns it; the aggregate consumes the rows as
+	// they come). Each wait is bounded by the lock_timeout $2; the count is
+	// the number of keys taken, all of them unless the statement fails. No
+	// row on a standby (HAVING: an aggregate otherwise returns one).
+	sqlLockAll = `
+WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+SELECT pg_backend_pid(), count(pg_advisory_lock(k))
+  FROM timeout, unnest($1::int8[]) AS k
+ WHERE NOT pg_is_in_recovery()
+HAVING count(*) > 0`
+
+	// sqlUnlockAll releases the session locks $1 and reports whether
+	// every one of them was held (bool_and evaluates every row).
+	sqlUnlockAll = `SELECT coalesce(bool_and(pg_advisory_unlock(k)), false) FROM unnest($1::int8[]) AS k`
+
+	// sqlTryLockAll tries the keys $1 in array order, in transaction scope
+	// if $2 and in session scope otherwise, and stops at the first that is
+	// held elsewhere: a recursive CTE runs one step at a time, each step on
+	// the row the previous one produced. It returns the backend's pid and
+	// how many keys it took: all of them, or the index of the refused one
+	// (the keys before it are then held and must be given back). No row on
+	// a standby.
+	sqlTryLockAll = `
+WITH RECURSIVE taken(n, ok) AS (
+  SELECT 0, true WHERE NOT pg_is_in_recovery()
+  UNION ALL
+  SELECT n + 1, CASE WHEN $2::boolean THEN pg_try_advisory_xact_lock(($1::int8[])[n + 1])
+                     ELSE pg_try_advisory_lock(($1::int8[])[n + 1]) END
+    FROM taken
+   WHERE ok AND n < cardinality($1::int8[])
+)
+SELECT pg_backend_pid(), max(n) FILTER (WHERE ok) FROM taken HAVING count(*) > 0`
+
 	// Transaction-scoped, on the caller's transaction (no row on a standby,
 	// as above).
 	sqlXactLock    = `SELECT pg_advisory_xact_lock($1) WHERE NOT pg_is_in_recovery()`
 	sqlTryXactLock = `SELECT pg_try_advisory_xact_lock($1) WHERE NOT pg_is_in_recovery()`
+
+	// sqlXactLockAll takes the keys $1 in array order, as sqlLockAll.
+	sqlXactLockAll = `
+SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k
+ WHERE NOT pg_is_in_recovery()
+HAVING count(*) > 0`
 )
 
 // sqlLockRows are the advisory locks of the current database, one row per
@@ -77,13 +117,13 @@ const (
 const sqlHolders = `SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted`
 
 // sqlCancelWaiter cancels the statement of backend $1 if, and only if, it
-// is waiting for the advisory lock $2 in this database: the fallback for
-// an abandoned wait whose cancel request was lost. The key condition
-// keeps it from touching anything else, such as an unrelated backend
-// whose pid a pooler's client-side key happens to equal.
+// is waiting for one of the advisory locks $2 in this database: the
+// fallback for an abandoned wait whose cancel request was lost. The key
+// condition keeps it from touching anything else, such as an unrelated
+// backend whose pid a pooler's client-side key happens to equal.
 const sqlCancelWaiter = `
 SELECT pg_cancel_backend(pid) FROM (` + sqlLockRows + `) AS r
- WHERE r.pid = $1 AND r.key = $2 AND NOT r.granted`
+ WHERE r.pid = $1 AND r.key = ANY ($2::int8[]) AND NOT r.granted`
 
 // sqlVerifySession reports the backend that answers and whether that
 // backend holds the advisory lock $1:$2 (classid, objid: the key's high

@@ -22,9 +22,9 @@ func (t *telemetry) waitFailed(ctx context.Context, name string, md mode, o wait
 
 // acquired records the grant of lk, asked for at start.
 func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.Time) {
-	t.m.recordWait(ctx, lk.name, md, waitAcquired, start, lk.since)
+	t.m.recordWait(ctx, lk.label, md, waitAcquired, start, lk.since)
 	if t.log.Enabled(ctx, slog.LevelDebug) {
-		t.log.Debug("pglock: lock acquired", slog.String("name", lk.name), slog.Int64("key", lk.key),
+		t.log.Debug("pglock: lock acquired", slog.String("name", lk.label), lk.keyAttr(),
 			slog.String("mode", modeName(lk.shared)), slog.Uint64("pid", uint64(lk.pid)),
 			slog.Duration("waited", lk.since.Sub(start)))
 	}
@@ -33,9 +33,9 @@ func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.
 // unlocked records the end of lk's hold by Unlock.
 func (t *telemetry) unlocked(lk *Lock) {
 	now := time.Now()
-	t.m.recordHold(lk.name, lk.shared, false, lk.since, now)
+	t.m.recordHold(lk.label, lk.shared, false, lk.since, now)
 	if t.log.Enabled(context.Background(), slog.LevelDebug) {
-		t.log.Debug("pglock: lock released", slog.String("name", lk.name), slog.Int64("key", lk.key),
+		t.log.Debug("pglock: lock released", slog.String("name", lk.label), lk.keyAttr(),
 			slog.String("mode", modeName(lk.shared)), slog.Duration("held", now.Sub(lk.since)))
 	}
 }
@@ -44,17 +44,17 @@ func (t *telemetry) unlocked(lk *Lock) {
 // connection was destroyed, which released the lock.
 func (t *telemetry) unlockFailed(lk *Lock, err error) {
 	t.log.Warn("pglock: unlock failed; its connection was closed, which released the lock",
-		slog.String("name", lk.name), slog.Int64("key", lk.key), slog.Any("err", err))
+		slog.String("name", lk.label), lk.keyAttr(), slog.Any("err", err))
 }
 
 // lost records the end of lk's hold by loss, for reason why (err, if not
 // nil, is what showed it).
 func (t *telemetry) lost(lk *Lock, why lostCause, err error) {
 	now := time.Now()
-	t.m.recordHold(lk.name, lk.shared, true, lk.since, now)
-	t.m.recordLost(lk.name, lk.shared, why)
+	t.m.recordHold(lk.label, lk.shared, true, lk.since, now)
+	t.m.recordLost(lk.label, lk.shared, why)
 	attrs := []any{
-		slog.String("name", lk.name), slog.Int64("key", lk.key), slog.Uint64("pid", uint64(lk.pid)),
+		slog.String("name", lk.label), lk.keyAttr(), slog.Uint64("pid", uint64(lk.pid)),
 		slog.String("cause", lostCauseNames[why]), slog.Duration("held", now.Sub(lk.since)),
 	}
 	if err != nil {
@@ -67,4 +67,13 @@ func (t *telemetry) lost(lk *Lock, why lostCause, err error) {
 // its lock state was in doubt.
 func (t *telemetry) destroyed(name string, pid uint32, why string) {
 	t.log.Debug("pglock: connection destroyed", slog.String("name", name), slog.Uint64("pid", uint64(pid)), slog.String("why", why))
+}
+
+// keyAttr is the log attribute of the set's keys: key for one, keys for
+// several.
+func (s lockSet) keyAttr() slog.Attr {
+	if len(s.keys) == 1 {
+		return slog.Int64("key", s.keys[0])
+	}
+	return slog.Any("keys", s.keys)
 }

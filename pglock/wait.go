@@ -28,7 +28,7 @@ import (
 //     and waits for the statement's answer.
 //  3. If the cancel request was lost, pglock cancels the waiting backend
 //     from another of the pool's connections (pg_cancel_backend, only if
-//     that backend is waiting for this very key).
+//     that backend is waiting for this very key, or one of the set's).
 //  4. If nothing answers within the unlock timeout, the connection is
 //     closed anyway; the server then ends the wait when it next looks at
 //     the session.
@@ -39,13 +39,19 @@ import (
 // harmless if the answer was only slow.
 const answerWait = 250 * time.Millisecond
 
-// wait runs the blocking acquire of key on conn. If ctx ends before the
-// statement does, it returns only after the wait is over on the server
-// (see above), with abandoned true; the caller must then destroy conn,
-// whatever err says.
-func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, key int64, shared bool) (pid uint32, abandoned bool, err error) {
-	sql := sqlLock
-	if shared {
+// wait runs the blocking acquire of keys on conn: of one key, shared or
+// exclusive, or of several, exclusive, one after the other in the order
+// given (one statement). If ctx ends before the statement does, it
+// returns only after the wait is over on the server (see above), with
+// abandoned true; the caller must then destroy conn, whatever err says.
+// Of several keys, those before the one awaited are then held by conn's
+// session, which is one more reason to destroy it.
+func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool) (pid uint32, abandoned bool, err error) {
+	sql, arg := sqlLock, any(keys[0])
+	switch {
+	case len(keys) > 1:
+		sql, arg = sqlLockAll, keys
+	case shared:
 		sql = sqlLockShared
 	}
 	timeout := lockTimeout(ctx)
@@ -54,16 +60,18 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, key int64, shared
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cleaned)
 		byServer := timeout != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
-		l.abandon(conn, key, byServer, finished)
+		l.abandon(conn, keys, byServer, finished)
 	})
 	// The statement runs without ctx's cancellation: pgx would close the
 	// connection at once and leave the backend waiting. abandon ends it.
-	err = conn.QueryRow(context.WithoutCancel(ctx), sql, key, timeout).Scan(&pid, nil)
+	err = conn.QueryRow(context.WithoutCancel(ctx), sql, arg, timeout).Scan(&pid, nil)
 	close(finished)
 	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
-		// The server ended the wait at the deadline it was given; this
-		// process's timer for the same deadline may fire a moment later
-		// on a loaded machine. It is the deadline either way.
+		// The server ended the wait at the deadline it was given (of
+		// several keys, each wait may last that long: later, never
+		// earlier); this process's timer for the same deadline may fire
+		// a moment later on a loaded machine. It is the deadline either
+		// way.
 		<-ctx.Done()
 	}
 	if !stop() {
@@ -89,12 +97,13 @@ func lockTimeout(ctx context.Context) *string {
 	return &s
 }
 
-// abandon ends the wait of conn for key after its context ended; finished
-// closes when the statement has returned. byServer says that the statement
-// carries the deadline as its lock_timeout. It returns when the statement
-// has returned or the unlock timeout has passed; in the latter case it
-// makes the statement fail by closing the socket for reading.
-func (l *Locker) abandon(conn *pgxpool.Conn, key int64, byServer bool, finished <-chan struct{}) {
+// abandon ends the wait of conn for (one of) keys after its context
+// ended; finished closes when the statement has returned. byServer says
+// that the statement carries the deadline as its lock_timeout. It returns
+// when the statement has returned or the unlock timeout has passed; in the
+// latter case it makes the statement fail by closing the socket for
+// reading.
+func (l *Locker) abandon(conn *pgxpool.Conn, keys []int64, byServer bool, finished <-chan struct{}) {
 	deadline := time.Now().Add(l.cfg.unlockTimeout)
 	answered := func(d time.Duration) bool {
 		t := time.NewTimer(max(d, 0))
@@ -122,7 +131,7 @@ func (l *Locker) abandon(conn *pgxpool.Conn, key int64, byServer bool, finished 
 	// another connection, retrying while the pool has none to spare.
 	for {
 		qctx, cancel := context.WithDeadline(context.Background(), deadline)
-		_, err := l.pool.Exec(qctx, sqlCancelWaiter, int32(pg.PID()), key)
+		_, err := l.pool.Exec(qctx, sqlCancelWaiter, int32(pg.PID()), keys)
 		cancel()
 		if err == nil {
 			if answered(time.Until(deadline)) {

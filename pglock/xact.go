@@ -37,14 +37,21 @@ func TryXactLock(ctx context.Context, tx pgx.Tx, name string) (bool, error) {
 	if err := checkXact(ctx, tx, name, "try xact lock"); err != nil {
 		return false, err
 	}
-	var ok bool
-	if err := tx.QueryRow(ctx, sqlTryXactLock, Key(name)).Scan(&ok); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			err = ErrStandby
-		}
+	ok, err := tryXactLock(ctx, tx, Key(name))
+	if err != nil {
 		return false, opErr("try xact lock", name, err)
 	}
 	return ok, nil
+}
+
+// tryXactLock tries key on tx; its error is the caller's to wrap.
+func tryXactLock(ctx context.Context, tx pgx.Tx, key int64) (bool, error) {
+	var ok bool
+	err := tx.QueryRow(ctx, sqlTryXactLock, key).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = ErrStandby
+	}
+	return ok, err
 }
 
 func checkXact(ctx context.Context, tx pgx.Tx, name, op string) error {
