@@ -192,7 +192,7 @@ func BenchmarkHeldLeases(b *testing.B) {
 		for i, l := range held {
 			rs[i] = renewal{l, ttl}
 		}
-		if again := c.renewBatch(ctx, rs); again {
+		if again := c.renewBatch(ctx, rs, lostRenewRejected); again {
 			b.Log("batched renewal skipped busy rows")
 		}
 		b.ReportMetric(float64(time.Since(begin))/1e6, "renew-all-ms")

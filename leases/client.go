@@ -210,10 +210,11 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 // grant, whoever holds it, and notifies waiters. The holder learns at its
 // next renewal (within TTL/3; about a round trip if its client listens)
 // that its grant is gone and cancels its context; until then its fenced
-// writes are already rejected. If this client holds the lease, it renews
-// at once and so loses it at once (lost counter cause force_released). The
-// next grant takes a higher fence. Returns ErrNotHeld if there was no live
-// grant. Safe to repeat.
+// writes are already rejected. If this client holds the lease, it does not
+// renew it while the force-release runs, then renews it at once and so
+// loses it at once (lost counter cause force_released). The next grant
+// takes a higher fence. Returns ErrNotHeld if there was no live grant.
+// Safe to repeat.
 //
 // It never waits without bound: a holder frozen inside an open fenced
 // transaction holds the lease's fence lock, and ForceRelease waits for it at
@@ -236,15 +237,15 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if timeout < time.Millisecond {
 		return fmt.Errorf("leases: force-release %q: %w", name, context.DeadlineExceeded)
 	}
-	// If the grant is ours, the loss its renewal is about to find is this
-	// force-release; say so before the statement, so that no renewal in
-	// between can attribute it otherwise.
+	// If the grant is ours, this force-release is what loses it: no other
+	// renewal runs until the one below has found it gone.
 	c.mu.Lock()
 	own := c.held[name]
-	if own != nil {
-		own.releaseNotified = time.Now()
-	}
 	c.mu.Unlock()
+	if own != nil {
+		own.renewMu.Lock()
+		defer own.renewMu.Unlock()
+	}
 	sctx, span := c.tr.Start(ctx, spanForceRelease, name, 0)
 	live, blockers, err := c.forceRelease(sctx, name, timeout)
 	span.End(0, err)
@@ -258,9 +259,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	}
 	if own != nil {
 		c.log.Info("leases: force-released", "name", name, "owner", own.owner, "fence", own.fence)
-		c.mu.Lock()
-		c.checkHeldLocked(name)
-		c.mu.Unlock()
+		c.recheck(own, lostForceReleased)
 	} else {
 		c.log.Info("leases: force-released", "name", name)
 	}

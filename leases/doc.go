@@ -211,19 +211,17 @@
 //
 // lost counts each held lease that was lost, once, by cause:
 //
-//   - force_released: a renewal matched no live row after a release
-//     notification for the lease reached this Client (someone ended the
-//     grant — pgfence leases release --force, ForceRelease on another
-//     Client — and the notification made this Client renew at once), or
-//     after this Client's own ForceRelease of a lease it held; also a
-//     Release that found the grant gone after such a notification. It
-//     needs the listener: a Client that never waits, observes or leads
-//     (or runs WithNotifications(false)) learns of a force-release only at
-//     its next renewal, counted as renew_rejected.
-//   - renew_rejected: a renewal matched no live row with no release
-//     notification seen: the grant expired by the database clock (the
-//     holder was paused, or its renewals were delayed, past expires_at),
-//     was force-released unnoticed, or was taken over after expiry.
+//   - force_released: the renewal that a release notification for the
+//     lease made this Client run at once matched no live row (someone
+//     ended the grant — pgfence leases release --force, ForceRelease on
+//     another Client), or this Client's own ForceRelease ended a lease it
+//     held. It needs the listener: a Client that never waits, observes or
+//     leads (or runs WithNotifications(false)) learns of a force-release
+//     only at its next renewal, counted as renew_rejected.
+//   - renew_rejected: a scheduled renewal (or Lease.Renew, Extend) matched
+//     no live row: the grant expired by the database clock (the holder was
+//     paused, or its renewals were delayed, past expires_at), was
+//     force-released unnoticed, or was taken over after expiry.
 //   - deadline: the local deadline passed with no successful renewal (the
 //     database unreachable or slow, renewals blocked, the process starved).
 //     The holder learned of it before expires_at.

@@ -189,7 +189,7 @@ func TestHandoverUnresponsiveHolder(t *testing.T) {
 func (c *Client) renewNow(ctx context.Context, l *Lease) error {
 	l.renewMu.Lock()
 	defer l.renewMu.Unlock()
-	if again := c.renewBatch(ctx, []renewal{{l, l.TTL()}}); again {
+	if again := c.renewBatch(ctx, []renewal{{l, l.TTL()}}, lostRenewRejected); again {
 		return errors.New("renewal failed or busy")
 	}
 	c.mu.Lock()

@@ -250,7 +250,7 @@ func (c *Client) notified(n *pgconn.Notification) {
 func (c *Client) wakeName(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.checkHeldLocked(name)
+	c.recheckLocked(name)
 	if q := c.queues[name]; q != nil && len(q.waiters) > 0 {
 		signal(q.waiters[0].wake)
 	}
