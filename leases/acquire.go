@@ -294,7 +294,7 @@ func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, star
 	l.sem, l.slot, l.data = sem, slot, data
 	if err := c.register(l, start); err != nil {
 		l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer cancel()
 		_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
 		return nil, fmt.Errorf("acquire %q: %w", info.Name, err)

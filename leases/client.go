@@ -105,8 +105,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 
 // Close stops the client: waiting Acquire calls return ErrClosed, every
 // held lease is released (context cause wraps ErrReleased and ErrClosed,
-// then one statement ends all of their grants, bounded by 5s; grants it
-// cannot reach expire after their TTL), observers' channels close, and
+// then one statement ends all of their grants, bounded by
+// WithReleaseTimeout, default 5s; grants it cannot reach expire after their
+// TTL), observers' channels close, and
 // the keepalive and listener goroutines exit. Close blocks until they have.
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
@@ -138,7 +139,7 @@ func (c *Client) Close() error {
 		// The keepalive stops renewing before the grants are ended.
 		c.wg.Wait()
 		if len(held) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
 			defer cancel()
 			if err := c.releaseBatch(ctx, fmt.Sprintf("close: release %d leases", len(held)), held); err != nil {
 				c.closeErr = err

@@ -176,7 +176,8 @@
 //     still own, so that waiters need not wait for the margin to pass.
 //   - Missing schema: errors say "schema pgfence not found: run `pgfence
 //     migrate up`".
-//   - Close releases every held lease (one statement, 5s bound), makes
+//   - Close releases every held lease (one statement, bounded by
+//     WithReleaseTimeout, default 5s), makes
 //     waiting Acquire calls return ErrClosed, closes Observe channels, and
 //     returns once every goroutine of the Client has exited.
 //

@@ -189,7 +189,7 @@ func (c *Client) tick() (again bool) {
 	}()
 
 	if len(orphans) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
 		if err := c.releaseBatch(ctx, "end grants of lost leases", orphans); err != nil {
 			c.log.Warn("leases: end grants of lost leases", "count", len(orphans), "err", err)
 		}
