@@ -101,14 +101,15 @@ func BenchmarkHandover(b *testing.B) {
 			}
 			defer a.Close()
 			waiting := make(chan struct{}, 1)
-			w, err := New(pgtest.PoolFor(b, url), append(mode.opts, withWaitHook(func(string) { signal(waiting) }))...)
+			w, err := New(pgtest.PoolFor(b, url), mode.opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
+			hookWait(w, func(string) { signal(waiting) })
 			defer w.Close()
 			if mode.opts == nil {
 				w.startListener()
-				<-w.ready
+				<-w.hooks.listening
 			}
 			took := make([]time.Duration, 0, b.N)
 			b.ResetTimer()

@@ -23,7 +23,8 @@ var errNoRows = pgx.ErrNoRows
 // process is enough; it is safe for concurrent use. It runs one keepalive
 // goroutine (renewing all of its leases with one statement per tick) and,
 // once something waits or observes, one listener goroutine on a dedicated
-// connection. Close stops both.
+// connection, which renews a lease at once when a notification names it.
+// Close stops them.
 type Client struct {
 	pool *pgxpool.Pool
 	cfg  config
@@ -31,11 +32,14 @@ type Client struct {
 	m    *metrics
 	tr   *spans.Tracer
 
-	done     chan struct{}   // closed when Close begins
-	bg       context.Context // cancelled when Close begins
-	cancelBG context.CancelFunc
-	wg       sync.WaitGroup
-	kick     chan struct{} // wakes the keepalive; buffered 1
+	// shutdown is the one shutdown signal: cancelled, with cause
+	// ErrClosed, under mu when Close begins. Goroutines of the Client run
+	// under it; under mu, shutdown.Err() != nil says Close has begun.
+	shutdown      context.Context
+	beginShutdown context.CancelCauseFunc
+	wg            sync.WaitGroup
+	kick          chan struct{} // wakes the keepalive; buffered 1
+	hooks         hooks
 
 	unregisterGauges func()
 
@@ -43,7 +47,6 @@ type Client struct {
 	closeErr  error
 
 	mu        sync.Mutex
-	closed    bool
 	held      map[string]*Lease // by name: renewed by the keepalive
 	releasing map[string]int    // names whose Release has not returned yet
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
@@ -53,7 +56,6 @@ type Client struct {
 	leading   map[string]int // Lead calls leading, by name (gauge)
 	listening bool           // listener goroutine started
 	listenOK  bool           // LISTEN is active right now
-	ready     chan struct{}  // closed when LISTEN first succeeds (tests)
 
 	imu sync.Mutex // guards in; taken before mu, never while holding it
 	in  interest
@@ -79,23 +81,22 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	bg, cancelBG := context.WithCancel(context.Background())
+	shutdown, beginShutdown := context.WithCancelCause(context.Background())
 	c := &Client{
-		bg:        bg,
-		cancelBG:  cancelBG,
-		pool:      pool,
-		cfg:       cfg,
-		log:       cfg.log,
-		m:         newMetrics(mp, cfg.nameAttr, cfg.log),
-		tr:        newTracer(cfg),
-		done:      make(chan struct{}),
-		kick:      make(chan struct{}, 1),
-		held:      make(map[string]*Lease),
-		releasing: make(map[string]int),
-		queues:    make(map[string]*queue),
-		observers: make(map[string]map[*observer]struct{}),
-		ready:     make(chan struct{}),
-		leading:   make(map[string]int),
+		shutdown:      shutdown,
+		beginShutdown: beginShutdown,
+		pool:          pool,
+		cfg:           cfg,
+		log:           cfg.log,
+		m:             newMetrics(mp, cfg.nameAttr, cfg.log),
+		tr:            newTracer(cfg),
+		kick:          make(chan struct{}, 1),
+		hooks:         hooks{listening: make(chan struct{})},
+		held:          make(map[string]*Lease),
+		releasing:     make(map[string]int),
+		queues:        make(map[string]*queue),
+		observers:     make(map[string]map[*observer]struct{}),
+		leading:       make(map[string]int),
 	}
 	c.unregisterGauges = c.registerGauges(mp)
 	c.wg.Add(1)
@@ -117,9 +118,7 @@ func (c *Client) Close() error {
 	}
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
-		c.closed = true
-		close(c.done)
-		c.cancelBG()
+		c.beginShutdown(ErrClosed)
 		held := make([]*Lease, 0, len(c.held))
 		for _, l := range c.held {
 			held = append(held, l)
@@ -363,11 +362,4 @@ func (c *Client) setState(l *Lease, s leaseState) {
 }
 
 // isClosed reports whether Close has begun.
-func (c *Client) isClosed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
+func (c *Client) isClosed() bool { return c.shutdown.Err() != nil }

@@ -25,7 +25,7 @@ const (
 func (c *Client) register(l *Lease, start time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.isClosed() {
 		return ErrClosed
 	}
 	l.deadline = start.Add(l.ttl - margin(l.ttl))
@@ -84,7 +84,7 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.m.recordHold(l, true, end)
 	c.m.recordLost(l.name, why)
 	l.cancel(cause)
-	if orphan && !c.cfg.noKeepalive && !c.closed {
+	if orphan && !c.hooks.noKeepalive && !c.isClosed() {
 		c.orphans = append(c.orphans, l)
 		c.kickKeepalive()
 	}
@@ -136,13 +136,13 @@ func (c *Client) keepalive() {
 		}
 		timer.Reset(time.Until(wake))
 		select {
-		case <-c.done:
+		case <-c.shutdown.Done():
 			return
 		case <-c.kick:
 			continue
 		case <-timer.C:
 		}
-		if c.cfg.noKeepalive {
+		if c.hooks.noKeepalive {
 			c.mu.Lock()
 			c.nextDue = time.Time{}
 			c.mu.Unlock()
@@ -308,7 +308,7 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 // learn at once rather than at its next scheduled renewal. c.mu held.
 func (c *Client) recheckLocked(name string) {
 	l := c.held[name]
-	if l == nil || c.closed {
+	if l == nil || c.isClosed() {
 		return
 	}
 	c.wg.Add(1)
@@ -332,7 +332,7 @@ func (c *Client) recheck(l *Lease, why lostCause) {
 	if !held {
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.bg, ttl/3)
+	ctx, cancel := context.WithTimeout(c.shutdown, ttl/3)
 	defer cancel()
 	if c.renewBatch(ctx, []renewal{{l, ttl}}, why) {
 		c.mu.Lock()

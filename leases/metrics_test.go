@@ -23,12 +23,10 @@ func TestMetricsAcquireHoldRenew(t *testing.T) {
 	t.Parallel()
 	mr := metrictest.New(t)
 	waiting := make(chan struct{}, 1)
-	cs, _ := clients(t, 2, WithMeterProvider(mr.MP), withWaitHook(func(string) {
-		select {
-		case waiting <- struct{}{}:
-		default:
-		}
-	}))
+	cs, _ := clients(t, 2, WithMeterProvider(mr.MP))
+	for _, c := range cs {
+		hookWait(c, func(string) { signal(waiting) })
+	}
 	holder, other := cs[0], cs[1]
 	ctx := testContext(t)
 	const ttl = time.Minute
@@ -173,7 +171,8 @@ func TestMetricsLostCauses(t *testing.T) {
 			return l
 		}},
 		{"frozen holder past its deadline", "deadline", func(t *testing.T, mr *metrictest.Reader) *Lease {
-			c, _ := setup(t, WithMeterProvider(mr.MP), withoutKeepalive())
+			c, _ := setup(t, WithMeterProvider(mr.MP))
+			freeze(c)
 			return mustAcquire(t, c, time.Second)
 		}},
 		{"failing renewals past the deadline", "deadline", func(t *testing.T, mr *metrictest.Reader) *Lease {

@@ -52,10 +52,6 @@ type config struct {
 	durableRelease bool
 	forceTimeout   time.Duration
 	releaseTimeout time.Duration
-
-	// Test hooks (unexported options in the package's own tests).
-	noKeepalive bool              // simulate a frozen holder: no renewals, no orphan release
-	onWait      func(name string) // a waiting acquirer is about to sleep (after a failed attempt, or while its own client holds the lease)
 }
 
 func defaultConfig() config {
@@ -67,6 +63,20 @@ func defaultConfig() config {
 		forceTimeout:   DefaultForceReleaseTimeout,
 		releaseTimeout: DefaultReleaseTimeout,
 	}
+}
+
+// hooks are the package's test hooks, in one place; production code only
+// reads them (and closes listening). Tests set them on a Client right
+// after New, before its first grant.
+type hooks struct {
+	// noKeepalive simulates a frozen holder: no renewals, and no release
+	// of the grants of leases lost at the local deadline.
+	noKeepalive bool
+	// onWait is called when a waiting acquirer is about to sleep (after a
+	// failed attempt, or while its own client holds the lease).
+	onWait func(name string)
+	// listening is closed when LISTEN first succeeds.
+	listening chan struct{}
 }
 
 // WithDurableRelease makes releases wait for the WAL flush (and for

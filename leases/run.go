@@ -102,7 +102,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			case <-ctx.Done():
 				t.Stop()
 				return nil
-			case <-c.done:
+			case <-c.shutdown.Done():
 				t.Stop()
 				return ErrClosed
 			}
@@ -127,7 +127,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			case <-ctx.Done():
 				t.Stop()
 				return nil
-			case <-c.done:
+			case <-c.shutdown.Done():
 				t.Stop()
 				return ErrClosed
 			}
