@@ -154,10 +154,10 @@ func wantStaleTx(t testing.TB, err error, tok fencing.Token) {
 	}
 }
 
-// write runs upsertItem(id, v) in InTx with tok.
-func write(db fencing.DB, tok fencing.Token, id int, v string) error {
+// write runs upsertItem(id, v) in InTx with tok and opts.
+func write(db fencing.DB, tok fencing.Token, id int, v string, opts ...fencing.Option) error {
 	return fencing.InTx(bg, db, tok, func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, upsertItem, id, v)
 		return err
-	})
+	}, opts...)
 }
