@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 
+	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
@@ -31,6 +32,9 @@ type Client struct {
 	log  *slog.Logger
 	m    *metrics
 	tr   *spans.Tracer
+	// fenced configures the fenced transactions of Once and OnceTx with
+	// this Client's providers.
+	fenced []fencing.Option
 
 	// shutdown is the one shutdown signal: cancelled, with cause
 	// ErrClosed, under mu when Close begins. Goroutines of the Client run
@@ -81,6 +85,10 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
+	fenced := []fencing.Option{fencing.WithMeterProvider(mp)}
+	if cfg.tracer != nil {
+		fenced = append(fenced, fencing.WithTracerProvider(cfg.tracer))
+	}
 	shutdown, beginShutdown := context.WithCancelCause(context.Background())
 	c := &Client{
 		shutdown:      shutdown,
@@ -90,6 +98,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		log:           cfg.log,
 		m:             newMetrics(mp, cfg.nameAttr, cfg.log),
 		tr:            newTracer(cfg),
+		fenced:        fenced,
 		kick:          make(chan struct{}, 1),
 		hooks:         hooks{listening: make(chan struct{})},
 		held:          make(map[string]*Lease),

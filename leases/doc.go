@@ -195,6 +195,10 @@
 //	pgfence.lease.held              gauge, {lease}     (none)
 //	pgfence.lease.leader            gauge, {election}  (none)
 //
+// The fenced transactions of Once and OnceTx count their rejections on
+// package fencing's pgfence.fenced_writes.rejected, on the same provider
+// (and start their spans on the Client's tracer provider).
+//
 // held and leader are observable up-down counters, read from the Client's
 // state at collection: the leases it holds now, and the Lead calls that
 // lead now (with WithNameAttribute: 1 per election led, by name).

@@ -351,3 +351,29 @@ func TestGaugesHeldAndLeading(t *testing.T) {
 		t.Errorf("after stepping down and a release: held %v, leader %v; want 1 and 0", h, l)
 	}
 }
+
+// Once's fenced transaction counts its rejection on the Client's provider,
+// like fencing.InTx with fencing.WithMeterProvider: a holder whose grant
+// is force-released (unnoticed) while fn runs has its record rejected as
+// stale, then takes the lease again and records the period.
+func TestMetricsOnceRejectedOnClientProvider(t *testing.T) {
+	t.Parallel()
+	mr := metrictest.New(t)
+	cs, ps := clients(t, 1)
+	c := newClient(t, ps[0], WithMeterProvider(mr.MP), WithNotifications(false))
+	ctx := testContext(t)
+	calls := 0
+	did, err := c.Once(ctx, "job", "p1", time.Minute, func(ctx context.Context, l *Lease) error {
+		calls++
+		if calls == 1 {
+			return cs[0].ForceRelease(ctx, l.Name())
+		}
+		return nil
+	})
+	if !did || err != nil || calls != 2 {
+		t.Fatalf("Once = %v, %v after %d calls; want true, nil after 2", did, err, calls)
+	}
+	if p := metrictest.Find(t, mr.Collect(t), "pgfence.fenced_writes.rejected", "reason=stale"); p.Sum != 1 {
+		t.Errorf("fenced_writes.rejected{reason=stale} = %v, want 1", p.Sum)
+	}
+}
