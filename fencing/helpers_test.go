@@ -14,7 +14,9 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain provides DATABASE_URL to the Examples, which connect the way an
+// application does.
+func TestMain(m *testing.M) { pgtest.MainWithURL(m, "DATABASE_URL") }
 
 // The handles the package documents as DBs.
 var (

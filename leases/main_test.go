@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -10,7 +11,17 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain provides DATABASE_URL to the Examples, which connect the way an
+// application does. A helper process (process_test.go,
+// handoverreq_test.go, waiters_bench_test.go) needs none.
+func TestMain(m *testing.M) {
+	for _, env := range []string{helperEnvURL, helperEnvHandoverURL, waitersEnvURL} {
+		if os.Getenv(env) != "" {
+			pgtest.Main(m)
+		}
+	}
+	pgtest.MainWithURL(m, "DATABASE_URL")
+}
 
 // testTimeout bounds any single wait in the tests; generous because two
 // shared CPU cores run several packages' tests with -race at once.
