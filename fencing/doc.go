@@ -90,19 +90,35 @@
 // holder sees ErrStale it has lost: the same token will never be accepted
 // again. Stop, and let the current holder do the work.
 //
-// # Metrics
+// # Telemetry
 //
-// InTx counts every rejection it returns on the counter
-// pgfence.fenced_writes.rejected (unit {write}, attribute reason = stale
-// for ErrStale, no_token for ErrNoToken), through the OpenTelemetry metric
-// API. The package has no client object to configure, so it records on the
-// global provider, otel.GetMeterProvider(), looked up at the moment of the
-// rejection: it records nothing until the application installs an SDK
-// provider with otel.SetMeterProvider, and costs nothing on the success
-// path. Only InTx sees the outcome of fn and COMMIT: rejections of
-// statements run on a transaction from Begin, and of plain guarded SQL,
-// are not counted — count them where you call IsStale. An InTx nested in
-// another InTx's fn (a savepoint) counts its rejection at each level.
+// InTx reports through the OpenTelemetry API only. It counts each
+// rejection it returns on the counter pgfence.fenced_writes.rejected (unit
+// {write}, attribute reason = stale for ErrStale, no_token for
+// ErrNoToken), and runs in a span pgfence.fenced_tx (attributes
+// pgfence.lease.name and pgfence.lease.fence).
+//
+// The providers are set as in pglock and leases, with WithMeterProvider
+// and WithTracerProvider, defaulting to the global ones; but the package
+// has no client object to hold them, so InTx takes them on each call.
+// Build the options once, next to the pool, and pass them to every call:
+//
+//	fenced := []fencing.Option{fencing.WithMeterProvider(mp), fencing.WithTracerProvider(tp)}
+//	err := fencing.InTx(ctx, pool, l.Token(), fn, fenced...)
+//
+// Building an Option creates its instrument or tracer, so InTx looks
+// nothing up: a transaction that is not rejected records nothing, and
+// without a tracer provider (the global one, until the application
+// installs one) InTx starts no span and allocates nothing for it. A
+// package-level setter would have been global state of the package's own,
+// which two libraries or tests sharing a process could not keep apart;
+// whoever wants global configuration has the global providers.
+// leases.Client.OnceTx passes its Client's providers.
+//
+// Only InTx sees the outcome of fn and COMMIT: rejections of statements
+// run on a transaction from Begin, and of plain guarded SQL, are not
+// counted — count them where you call IsStale. An InTx nested in another
+// InTx's fn (a savepoint) counts its rejection at each level.
 //
 // # What is guaranteed, and where
 //

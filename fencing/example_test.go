@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
-	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -20,8 +21,11 @@ import (
 // it.
 func Example() {
 	ctx := context.Background()
-	pool, done := pgtest.ExamplePool() // in your service: pgxpool.New(ctx, databaseURL)
-	defer done()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
 
 	// A protected table: a fence bigint column, then Protect (once, e.g.
 	// in a migration: SELECT pgfence.protect('invoices')).
@@ -82,4 +86,48 @@ func Example() {
 	// B writes: <nil>
 	// A's late write is stale: true
 	// invoice 1: sent
+}
+
+// Protect a table once, then write to it only inside InTx with the token of
+// the lease the work runs under. A write whose token is no longer the
+// lease's current grant is rejected: stop the work then.
+func ExampleInTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE balances (
+		account text PRIMARY KEY,
+		amount  bigint NOT NULL,
+		fence   bigint NOT NULL DEFAULT 0)`); err != nil {
+		log.Fatal(err)
+	}
+	if err := fencing.Protect(ctx, pool, "balances"); err != nil {
+		log.Fatal(err)
+	}
+
+	client, err := leases.New(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	err = client.Run(ctx, "ledger/acme", 30*time.Second, func(ctx context.Context, l *leases.Lease) error {
+		return fencing.InTx(ctx, pool, l.Token(), func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO balances (account, amount) VALUES ('acme', 100)
+				ON CONFLICT (account) DO UPDATE SET amount = excluded.amount`)
+			return err
+		})
+	})
+	switch {
+	case errors.Is(err, fencing.ErrStale):
+		fmt.Println("stale: another holder took over; stop")
+	case err != nil:
+		log.Fatal(err)
+	default:
+		fmt.Println("written under the lease")
+	}
+	// Output:
+	// written under the lease
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain provides DATABASE_URL to the Examples, which connect the way an
+// application does.
+func TestMain(m *testing.M) { pgtest.MainWithURL(m, "DATABASE_URL") }
 
 // The handles the package documents as DBs.
 var (
@@ -154,10 +156,10 @@ func wantStaleTx(t testing.TB, err error, tok fencing.Token) {
 	}
 }
 
-// write runs upsertItem(id, v) in InTx with tok.
-func write(db fencing.DB, tok fencing.Token, id int, v string) error {
+// write runs upsertItem(id, v) in InTx with tok and opts.
+func write(db fencing.DB, tok fencing.Token, id int, v string, opts ...fencing.Option) error {
 	return fencing.InTx(bg, db, tok, func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, upsertItem, id, v)
 		return err
-	})
+	}, opts...)
 }

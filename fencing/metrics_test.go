@@ -3,16 +3,18 @@ package fencing_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/spans"
 )
 
 // rejected returns pgfence.fenced_writes.rejected by its reason attribute.
@@ -35,6 +37,9 @@ func rejected(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 			if m.Unit != "{write}" {
 				t.Errorf("%s: unit %q, want {write}", m.Name, m.Unit)
 			}
+			if sm.Scope.Name != "github.com/pgfence/pgfence/fencing" {
+				t.Errorf("%s: scope %q", m.Name, sm.Scope.Name)
+			}
 			for _, dp := range sum.DataPoints {
 				reason, _ := dp.Attributes.Value("reason")
 				out[reason.AsString()] += dp.Value
@@ -44,29 +49,24 @@ func rejected(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 	return out
 }
 
-// InTx counts each rejection on the global MeterProvider, by reason;
-// successful writes and rejections of statements run on Begin's
-// transaction (plain SQL) are not counted.
-//
-// Not parallel: it installs a global MeterProvider, and every other test
-// of the package is parallel, so none of them runs meanwhile.
+// InTx counts each rejection on the provider of WithMeterProvider, by
+// reason; successful writes, calls without the option, and rejections of
+// statements run on Begin's transaction (plain SQL) are not counted there.
 func TestMetricsRejectedWrites(t *testing.T) {
+	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	otel.SetMeterProvider(mp)
-	t.Cleanup(func() {
-		otel.SetMeterProvider(noop.NewMeterProvider())
-		_ = mp.Shutdown(context.Background())
-	})
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	fenced := fencing.WithMeterProvider(mp)
 
 	pool := setup(t)
 	old := grant(t, pool, "metrics", time.Minute)
-	if err := write(pool, old, 1, "a"); err != nil {
+	if err := write(pool, old, 1, "a", fenced); err != nil {
 		t.Fatal(err)
 	}
 	expire(t, pool, "metrics")
 	cur := grant(t, pool, "metrics", time.Minute)
-	if err := write(pool, cur, 1, "b"); err != nil {
+	if err := write(pool, cur, 1, "b", fenced); err != nil {
 		t.Fatal(err)
 	}
 	if got := rejected(t, reader); len(got) != 0 {
@@ -74,8 +74,10 @@ func TestMetricsRejectedWrites(t *testing.T) {
 	}
 
 	for range 2 {
-		wantStaleTx(t, write(pool, old, 1, "stale"), old)
+		wantStaleTx(t, write(pool, old, 1, "stale", fenced), old)
 	}
+	// Counted on the global provider, not on mp: a call without the option.
+	wantStaleTx(t, write(pool, old, 1, "stale"), old)
 	// A rejection InTx cannot see: a statement on Begin's transaction.
 	tx, err := fencing.Begin(bg, pool, old)
 	if err != nil {
@@ -91,7 +93,7 @@ func TestMetricsRejectedWrites(t *testing.T) {
 		}
 		_, err := tx.Exec(bg, upsertItem, 1, "no token")
 		return err
-	})
+	}, fenced)
 	if !errors.Is(err, fencing.ErrNoToken) {
 		t.Fatalf("InTx writing without a token = %v, want ErrNoToken", err)
 	}
@@ -101,4 +103,64 @@ func TestMetricsRejectedWrites(t *testing.T) {
 		t.Errorf("rejected = %v, want map[no_token:1 stale:2]", got)
 	}
 	wantItem(t, pool, 1, "b", cur.Fence)
+}
+
+// WithTracerProvider puts InTx's span on that provider, with the token as
+// attributes and the rejection as its error.
+func TestTracerProvider(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	traced := fencing.WithTracerProvider(tp)
+
+	pool := setup(t)
+	old := grant(t, pool, "traced", time.Minute)
+	expire(t, pool, "traced")
+	cur := grant(t, pool, "traced", time.Minute)
+	if err := write(pool, cur, 1, "b", traced); err != nil {
+		t.Fatal(err)
+	}
+	wantStaleTx(t, write(pool, old, 1, "stale", traced), old)
+	if err := write(pool, cur, 1, "c"); err != nil { // no option: not on tp
+		t.Fatal(err)
+	}
+	ended := rec.Ended()
+	if len(ended) != 2 {
+		t.Fatalf("%d spans, want 2", len(ended))
+	}
+	for i, tok := range []fencing.Token{cur, old} {
+		s := ended[i]
+		attrs := map[string]any{}
+		for _, a := range s.Attributes() {
+			attrs[string(a.Key)] = a.Value.AsInterface()
+		}
+		if s.Name() != "pgfence.fenced_tx" || attrs[spans.AttrName] != tok.Lease || attrs[spans.AttrFence] != tok.Fence {
+			t.Errorf("span %d: %s %v, want pgfence.fenced_tx for %v", i, s.Name(), attrs, tok)
+		}
+		if failed := s.Status().Description != ""; failed != (i == 1) {
+			t.Errorf("span %d: status %+v, want an error only for the stale write", i, s.Status())
+		}
+	}
+}
+
+// A nil provider is invalid: InTx returns ErrInvalid naming the option and
+// sends nothing (fn does not run). The zero Option changes nothing.
+func TestNilProviderInvalid(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	tok := grant(t, pool, "nil", time.Minute)
+	for name, opt := range map[string]fencing.Option{
+		"WithMeterProvider":  fencing.WithMeterProvider(nil),
+		"WithTracerProvider": fencing.WithTracerProvider(nil),
+	} {
+		ran := false
+		err := fencing.InTx(bg, pool, tok, func(pgx.Tx) error { ran = true; return nil }, opt)
+		if !errors.Is(err, fencing.ErrInvalid) || !strings.Contains(err.Error(), name) || ran {
+			t.Errorf("%s(nil): %v, fn ran %v; want ErrInvalid naming the option, fn not run", name, err, ran)
+		}
+	}
+	if err := fencing.InTx(bg, pool, tok, func(pgx.Tx) error { return nil }, fencing.Option{}); err != nil {
+		t.Errorf("InTx with the zero Option: %v", err)
+	}
 }

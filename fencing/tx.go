@@ -12,8 +12,12 @@ import (
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
-// tracer starts InTx's spans on the global TracerProvider.
-var tracer = spans.New(nil, "github.com/pgfence/pgfence/fencing")
+// tracerName is the instrumentation scope of InTx's spans.
+const tracerName = "github.com/pgfence/pgfence/fencing"
+
+// tracer starts InTx's spans on the global TracerProvider, unless
+// WithTracerProvider says otherwise.
+var tracer = spans.New(nil, tracerName)
 
 // spanFencedTx is the name of InTx's span.
 const spanFencedTx = "pgfence.fenced_tx"
@@ -109,19 +113,29 @@ type txBeginner interface {
 // runs on tx. Cancelling ctx aborts the transaction. InTx is safe to call
 // concurrently; each call has its own transaction.
 //
-// InTx runs in a span "pgfence.fenced_tx" (attributes pgfence.lease.name
-// and pgfence.lease.fence) on the global TracerProvider, once the
-// application has installed one; until then it starts none and allocates
-// nothing for it.
-//
-// Each rejection InTx returns (ErrStale or ErrNoToken) adds one to the
-// counter pgfence.fenced_writes.rejected on the global MeterProvider (see
-// the package documentation's Metrics section).
-func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err error) {
+// opts configure telemetry (WithMeterProvider, WithTracerProvider; later
+// ones win). InTx runs in a span "pgfence.fenced_tx" (attributes
+// pgfence.lease.name and pgfence.lease.fence), and each rejection it
+// returns (ErrStale or ErrNoToken) adds one to the counter
+// pgfence.fenced_writes.rejected (see the package documentation's
+// Telemetry section). Without options both use the global providers, and
+// until the application installs a tracer provider InTx starts no span.
+func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts ...Option) (err error) {
 	if fn == nil {
 		return fmt.Errorf("%w: fn must not be nil", ErrInvalid)
 	}
-	ctx, span := tracer.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
+	tr, rejected := tracer, (*rejectedCounter)(nil) // nil: the global provider's
+	for _, o := range opts {
+		switch {
+		case o.err != nil:
+			return o.err
+		case o.rejected != nil:
+			rejected = o.rejected
+		case o.tracer != nil:
+			tr = o.tracer
+		}
+	}
+	ctx, span := tr.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
 	defer func() { span.End(0, err) }()
 	tx, err := Begin(ctx, db, tok)
 	if err != nil {
@@ -135,13 +149,13 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error) (err 
 	}()
 	if err := fn(tx); err != nil {
 		err = classify(tok, err)
-		recordRejected(ctx, err)
+		rejected.record(ctx, err)
 		return err
 	}
 	committed = true
 	if err := tx.Commit(ctx); err != nil {
 		err = classify(tok, fmt.Errorf("fencing: commit: %w", err))
-		recordRejected(ctx, err)
+		rejected.record(ctx, err)
 		return err
 	}
 	return nil

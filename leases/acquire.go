@@ -143,7 +143,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 	case <-w.wake:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
-	case <-c.done:
+	case <-c.shutdown.Done():
 		return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
 	}
 	timer := time.NewTimer(time.Hour)
@@ -153,8 +153,8 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 			// Another caller of this client holds it: an attempt could
 			// only fail. Its release, or its loss, wakes this queue; the
 			// poll interval bounds the wait in any case.
-			if c.cfg.onWait != nil {
-				c.cfg.onWait(name)
+			if c.hooks.onWait != nil {
+				c.hooks.onWait(name)
 			}
 			timer.Reset(jitter(c.cfg.pollInterval))
 			select {
@@ -162,7 +162,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 			case <-timer.C:
 			case <-ctx.Done():
 				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
-			case <-c.done:
+			case <-c.shutdown.Done():
 				return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
 			}
 			continue
@@ -181,8 +181,8 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 		c.startListener()
 		delay := c.pollDelay(attempt, remaining)
 		c.log.Debug("leases: waiting", "name", name, "holder", holder.Owner, "fence", holder.Fence, "poll", delay)
-		if c.cfg.onWait != nil {
-			c.cfg.onWait(name)
+		if c.hooks.onWait != nil {
+			c.hooks.onWait(name)
 		}
 		timer.Reset(delay)
 		select {
@@ -190,7 +190,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 		case <-timer.C:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
-		case <-c.done:
+		case <-c.shutdown.Done():
 			return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
 		}
 	}
@@ -294,7 +294,7 @@ func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, star
 	l.sem, l.slot, l.data = sem, slot, data
 	if err := c.register(l, start); err != nil {
 		l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer cancel()
 		_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
 		return nil, fmt.Errorf("acquire %q: %w", info.Name, err)

@@ -90,7 +90,7 @@ func TestOwnersUniquePerGrant(t *testing.T) {
 func TestFencesIncrease(t *testing.T) {
 	t.Parallel()
 	cs, ps := clients(t, 2)
-	a, frozen := cs[0], newClient(t, ps[1], withoutKeepalive())
+	a, frozen := cs[0], freeze(newClient(t, ps[1]))
 	ctx := testContext(t)
 	var fences []int64
 	take := func(c *Client) *Lease {
@@ -215,7 +215,8 @@ func TestKeepaliveRenews(t *testing.T) {
 // and Renew then say so.
 func TestRenewFindsGrantGone(t *testing.T) {
 	t.Parallel()
-	c, pool := setup(t, withoutKeepalive())
+	c, pool := setup(t)
+	freeze(c)
 	ctx := testContext(t)
 	l, err := c.TryAcquire(ctx, "gone", time.Minute)
 	if err != nil {

@@ -101,14 +101,15 @@ func BenchmarkHandover(b *testing.B) {
 			}
 			defer a.Close()
 			waiting := make(chan struct{}, 1)
-			w, err := New(pgtest.PoolFor(b, url), append(mode.opts, withWaitHook(func(string) { signal(waiting) }))...)
+			w, err := New(pgtest.PoolFor(b, url), mode.opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
+			hookWait(w, func(string) { signal(waiting) })
 			defer w.Close()
 			if mode.opts == nil {
 				w.startListener()
-				<-w.ready
+				<-w.hooks.listening
 			}
 			took := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
@@ -192,7 +193,7 @@ func BenchmarkHeldLeases(b *testing.B) {
 		for i, l := range held {
 			rs[i] = renewal{l, ttl}
 		}
-		if again := c.renewBatch(ctx, rs); again {
+		if again := c.renewBatch(ctx, rs, lostRenewRejected); again {
 			b.Log("batched renewal skipped busy rows")
 		}
 		b.ReportMetric(float64(time.Since(begin))/1e6, "renew-all-ms")

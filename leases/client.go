@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 
+	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
@@ -23,19 +24,26 @@ var errNoRows = pgx.ErrNoRows
 // process is enough; it is safe for concurrent use. It runs one keepalive
 // goroutine (renewing all of its leases with one statement per tick) and,
 // once something waits or observes, one listener goroutine on a dedicated
-// connection. Close stops both.
+// connection, which renews a lease at once when a notification names it.
+// Close stops them.
 type Client struct {
 	pool *pgxpool.Pool
 	cfg  config
 	log  *slog.Logger
 	m    *metrics
 	tr   *spans.Tracer
+	// fenced configures the fenced transactions of Once and OnceTx with
+	// this Client's providers.
+	fenced []fencing.Option
 
-	done     chan struct{}   // closed when Close begins
-	bg       context.Context // cancelled when Close begins
-	cancelBG context.CancelFunc
-	wg       sync.WaitGroup
-	kick     chan struct{} // wakes the keepalive; buffered 1
+	// shutdown is the one shutdown signal: cancelled, with cause
+	// ErrClosed, under mu when Close begins. Goroutines of the Client run
+	// under it; under mu, shutdown.Err() != nil says Close has begun.
+	shutdown      context.Context
+	beginShutdown context.CancelCauseFunc
+	wg            sync.WaitGroup
+	kick          chan struct{} // wakes the keepalive; buffered 1
+	hooks         hooks
 
 	unregisterGauges func()
 
@@ -43,7 +51,6 @@ type Client struct {
 	closeErr  error
 
 	mu        sync.Mutex
-	closed    bool
 	held      map[string]*Lease // by name: renewed by the keepalive
 	releasing map[string]int    // names whose Release has not returned yet
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
@@ -53,7 +60,6 @@ type Client struct {
 	leading   map[string]int // Lead calls leading, by name (gauge)
 	listening bool           // listener goroutine started
 	listenOK  bool           // LISTEN is active right now
-	ready     chan struct{}  // closed when LISTEN first succeeds (tests)
 
 	imu sync.Mutex // guards in; taken before mu, never while holding it
 	in  interest
@@ -79,23 +85,27 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	bg, cancelBG := context.WithCancel(context.Background())
+	fenced := []fencing.Option{fencing.WithMeterProvider(mp)}
+	if cfg.tracer != nil {
+		fenced = append(fenced, fencing.WithTracerProvider(cfg.tracer))
+	}
+	shutdown, beginShutdown := context.WithCancelCause(context.Background())
 	c := &Client{
-		bg:        bg,
-		cancelBG:  cancelBG,
-		pool:      pool,
-		cfg:       cfg,
-		log:       cfg.log,
-		m:         newMetrics(mp, cfg.nameAttr, cfg.log),
-		tr:        newTracer(cfg),
-		done:      make(chan struct{}),
-		kick:      make(chan struct{}, 1),
-		held:      make(map[string]*Lease),
-		releasing: make(map[string]int),
-		queues:    make(map[string]*queue),
-		observers: make(map[string]map[*observer]struct{}),
-		ready:     make(chan struct{}),
-		leading:   make(map[string]int),
+		shutdown:      shutdown,
+		beginShutdown: beginShutdown,
+		pool:          pool,
+		cfg:           cfg,
+		log:           cfg.log,
+		m:             newMetrics(mp, cfg.nameAttr, cfg.log),
+		tr:            newTracer(cfg),
+		fenced:        fenced,
+		kick:          make(chan struct{}, 1),
+		hooks:         hooks{listening: make(chan struct{})},
+		held:          make(map[string]*Lease),
+		releasing:     make(map[string]int),
+		queues:        make(map[string]*queue),
+		observers:     make(map[string]map[*observer]struct{}),
+		leading:       make(map[string]int),
 	}
 	c.unregisterGauges = c.registerGauges(mp)
 	c.wg.Add(1)
@@ -105,8 +115,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 
 // Close stops the client: waiting Acquire calls return ErrClosed, every
 // held lease is released (context cause wraps ErrReleased and ErrClosed,
-// then one statement ends all of their grants, bounded by 5s; grants it
-// cannot reach expire after their TTL), observers' channels close, and
+// then one statement ends all of their grants, bounded by
+// WithReleaseTimeout, default 5s; grants it cannot reach expire after their
+// TTL), observers' channels close, and
 // the keepalive and listener goroutines exit. Close blocks until they have.
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
@@ -116,9 +127,7 @@ func (c *Client) Close() error {
 	}
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
-		c.closed = true
-		close(c.done)
-		c.cancelBG()
+		c.beginShutdown(ErrClosed)
 		held := make([]*Lease, 0, len(c.held))
 		for _, l := range c.held {
 			held = append(held, l)
@@ -138,7 +147,7 @@ func (c *Client) Close() error {
 		// The keepalive stops renewing before the grants are ended.
 		c.wg.Wait()
 		if len(held) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
 			defer cancel()
 			if err := c.releaseBatch(ctx, fmt.Sprintf("close: release %d leases", len(held)), held); err != nil {
 				c.closeErr = err
@@ -210,10 +219,11 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 // grant, whoever holds it, and notifies waiters. The holder learns at its
 // next renewal (within TTL/3; about a round trip if its client listens)
 // that its grant is gone and cancels its context; until then its fenced
-// writes are already rejected. If this client holds the lease, it renews
-// at once and so loses it at once (lost counter cause force_released). The
-// next grant takes a higher fence. Returns ErrNotHeld if there was no live
-// grant. Safe to repeat.
+// writes are already rejected. If this client holds the lease, it does not
+// renew it while the force-release runs, then renews it at once and so
+// loses it at once (lost counter cause force_released). The next grant
+// takes a higher fence. Returns ErrNotHeld if there was no live grant.
+// Safe to repeat.
 //
 // It never waits without bound: a holder frozen inside an open fenced
 // transaction holds the lease's fence lock, and ForceRelease waits for it at
@@ -236,15 +246,15 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if timeout < time.Millisecond {
 		return fmt.Errorf("leases: force-release %q: %w", name, context.DeadlineExceeded)
 	}
-	// If the grant is ours, the loss its renewal is about to find is this
-	// force-release; say so before the statement, so that no renewal in
-	// between can attribute it otherwise.
+	// If the grant is ours, this force-release is what loses it: no other
+	// renewal runs until the one below has found it gone.
 	c.mu.Lock()
 	own := c.held[name]
-	if own != nil {
-		own.releaseNotified = time.Now()
-	}
 	c.mu.Unlock()
+	if own != nil {
+		own.renewMu.Lock()
+		defer own.renewMu.Unlock()
+	}
 	sctx, span := c.tr.Start(ctx, spanForceRelease, name, 0)
 	live, blockers, err := c.forceRelease(sctx, name, timeout)
 	span.End(0, err)
@@ -258,9 +268,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	}
 	if own != nil {
 		c.log.Info("leases: force-released", "name", name, "owner", own.owner, "fence", own.fence)
-		c.mu.Lock()
-		c.checkHeldLocked(name)
-		c.mu.Unlock()
+		c.recheck(own, lostForceReleased)
 	} else {
 		c.log.Info("leases: force-released", "name", name)
 	}
@@ -363,11 +371,4 @@ func (c *Client) setState(l *Lease, s leaseState) {
 }
 
 // isClosed reports whether Close has begun.
-func (c *Client) isClosed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
+func (c *Client) isClosed() bool { return c.shutdown.Err() != nil }

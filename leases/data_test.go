@@ -151,7 +151,8 @@ func sqlstate(err error) string {
 func TestSetDataRacingTakeover(t *testing.T) {
 	t.Parallel()
 	for _, paused := range []bool{false, true} {
-		c, pool := setup(t, withoutKeepalive())
+		c, pool := setup(t)
+		freeze(c)
 		ctx := testContext(t)
 		ttl := time.Minute
 		if paused {

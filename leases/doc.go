@@ -176,7 +176,8 @@
 //     still own, so that waiters need not wait for the margin to pass.
 //   - Missing schema: errors say "schema pgfence not found: run `pgfence
 //     migrate up`".
-//   - Close releases every held lease (one statement, 5s bound), makes
+//   - Close releases every held lease (one statement, bounded by
+//     WithReleaseTimeout, default 5s), makes
 //     waiting Acquire calls return ErrClosed, closes Observe channels, and
 //     returns once every goroutine of the Client has exited.
 //
@@ -193,6 +194,10 @@
 //	pgfence.lease.lost              counter, {lease}   cause
 //	pgfence.lease.held              gauge, {lease}     (none)
 //	pgfence.lease.leader            gauge, {election}  (none)
+//
+// The fenced transactions of Once and OnceTx count their rejections on
+// package fencing's pgfence.fenced_writes.rejected, on the same provider
+// (and start their spans on the Client's tracer provider).
 //
 // held and leader are observable up-down counters, read from the Client's
 // state at collection: the leases it holds now, and the Lead calls that
@@ -211,19 +216,17 @@
 //
 // lost counts each held lease that was lost, once, by cause:
 //
-//   - force_released: a renewal matched no live row after a release
-//     notification for the lease reached this Client (someone ended the
-//     grant — pgfence leases release --force, ForceRelease on another
-//     Client — and the notification made this Client renew at once), or
-//     after this Client's own ForceRelease of a lease it held; also a
-//     Release that found the grant gone after such a notification. It
-//     needs the listener: a Client that never waits, observes or leads
-//     (or runs WithNotifications(false)) learns of a force-release only at
-//     its next renewal, counted as renew_rejected.
-//   - renew_rejected: a renewal matched no live row with no release
-//     notification seen: the grant expired by the database clock (the
-//     holder was paused, or its renewals were delayed, past expires_at),
-//     was force-released unnoticed, or was taken over after expiry.
+//   - force_released: the renewal that a release notification for the
+//     lease made this Client run at once matched no live row (someone
+//     ended the grant — pgfence leases release --force, ForceRelease on
+//     another Client), or this Client's own ForceRelease ended a lease it
+//     held. It needs the listener: a Client that never waits, observes or
+//     leads (or runs WithNotifications(false)) learns of a force-release
+//     only at its next renewal, counted as renew_rejected.
+//   - renew_rejected: a scheduled renewal (or Lease.Renew, Extend) matched
+//     no live row: the grant expired by the database clock (the holder was
+//     paused, or its renewals were delayed, past expires_at), was
+//     force-released unnoticed, or was taken over after expiry.
 //   - deadline: the local deadline passed with no successful renewal (the
 //     database unreachable or slow, renewals blocked, the process starved).
 //     The holder learned of it before expires_at.

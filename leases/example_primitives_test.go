@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -16,15 +17,18 @@ import (
 // them, and its writes commit in the transaction that records the period,
 // so a crash before the commit leaves the period to the next replica.
 func ExampleClient_OnceTx() {
-	pool, done := pgtest.ExamplePool() // your *pgxpool.Pool
-	defer done()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
 	client, err := leases.New(pool, leases.WithOwner("billing-worker"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer client.Close()
 
-	ctx := context.Background()
 	period := "2026-12-01" // e.g. time.Now().UTC().Format(time.DateOnly)
 	for range 2 {          // a second tick, or another replica, finds it done
 		ran, err := client.OnceTx(ctx, "billing/nightly", period, 30*time.Second,
@@ -45,16 +49,22 @@ func ExampleClient_OnceTx() {
 // Each slot is a lease with its own fence, so Token works with package
 // fencing as a lease's does.
 func ExampleSemaphore() {
-	pool, done := pgtest.ExamplePool()
-	defer done()
-	client, _ := leases.New(pool, leases.WithOwner("exporter"))
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := leases.New(pool, leases.WithOwner("exporter"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 	sem, err := client.Semaphore("reports/export", 2)
 	if err != nil {
 		log.Fatal(err)
 	}
 
-	ctx := context.Background()
 	a, _ := sem.Acquire(ctx, time.Minute)
 	b, _ := sem.Acquire(ctx, time.Minute)
 	fmt.Println(a.Name(), b.Name())

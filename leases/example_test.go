@@ -6,24 +6,29 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence/leases"
 )
 
 // Run a job on exactly one of N replicas: every replica calls Run; one
 // runs the job while the others wait (or use TryAcquire to skip).
 func ExampleClient_Run() {
-	pool, done := pgtest.ExamplePool() // your *pgxpool.Pool
-	defer done()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
 	client, err := leases.New(pool, leases.WithOwner("billing-worker"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer client.Close()
 
-	ctx := context.Background()
 	err = client.Run(ctx, "billing/nightly-invoices", 30*time.Second, func(ctx context.Context, l *leases.Lease) error {
 		// ctx ends if the lease is lost: check it before every effect, and
 		// pass l.Token() with writes to fenced tables.
@@ -36,16 +41,26 @@ func ExampleClient_Run() {
 	// done: <nil>
 }
 
-// TryAcquire does not wait: a held lease gives ErrHeld, naming the holder.
+// TryAcquire does not wait: a held lease gives a *HeldError (matching
+// ErrHeld) that names the holder.
 func ExampleClient_TryAcquire() {
-	pool, done := pgtest.ExamplePool()
-	defer done()
-	a, _ := leases.New(pool, leases.WithOwner("replica-a"))
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	a, err := leases.New(pool, leases.WithOwner("replica-a"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer a.Close()
-	b, _ := leases.New(pool, leases.WithOwner("replica-b"))
+	b, err := leases.New(pool, leases.WithOwner("replica-b"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer b.Close()
 
-	ctx := context.Background()
 	l, err := a.TryAcquire(ctx, "reports/export", time.Minute)
 	if err != nil {
 		log.Fatal(err)
@@ -64,13 +79,19 @@ func ExampleClient_TryAcquire() {
 // Lead elects one leader among replicas. fn runs while this replica leads;
 // its context ends when leadership ends, and Lead campaigns again.
 func ExampleClient_Lead() {
-	pool, done := pgtest.ExamplePool()
-	defer done()
-	client, _ := leases.New(pool, leases.WithOwner("scheduler"))
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := leases.New(pool, leases.WithOwner("scheduler"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
 	ctx, stop := context.WithCancel(context.Background())
-	err := client.Lead(ctx, "scheduler/leader", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
+	err = client.Lead(ctx, "scheduler/leader", 10*time.Second, func(ctx context.Context, l *leases.Lease) error {
 		fmt.Println("leading")
 		stop() // here: step down at once; a real leader works until ctx ends
 		<-ctx.Done()
@@ -86,12 +107,18 @@ func ExampleClient_Lead() {
 // reads it with Get, List or Observe, and only the current grant can
 // change it.
 func ExampleWithData() {
-	pool, done := pgtest.ExamplePool()
-	defer done()
-	client, _ := leases.New(pool, leases.WithOwner("api-1"))
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := leases.New(pool, leases.WithOwner("api-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
-	ctx := context.Background()
 	l, err := client.TryAcquire(ctx, "api/leader", 10*time.Second,
 		leases.WithData(json.RawMessage(`{"addr": "10.0.0.1:8080"}`)))
 	if err != nil {
@@ -115,12 +142,18 @@ func ExampleWithData() {
 // A job that turns out to need longer extends its lease with a new TTL;
 // the keepalive continues with it.
 func ExampleLease_Extend() {
-	pool, done := pgtest.ExamplePool()
-	defer done()
-	client, _ := leases.New(pool)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	client, err := leases.New(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer client.Close()
 
-	ctx := context.Background()
 	l, err := client.TryAcquire(ctx, "reports/rebuild", 30*time.Second)
 	if err != nil {
 		log.Fatal(err)
@@ -139,11 +172,20 @@ func ExampleLease_Extend() {
 // releases once fn returns, and a waiting candidate takes over within a
 // round trip. Operators do the same with `pgfence leases handover NAME`.
 func ExampleClient_RequestHandover() {
-	pool, done := pgtest.ExamplePool()
-	defer done()
-	old, _ := leases.New(pool, leases.WithOwner("pod-old"))
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	old, err := leases.New(pool, leases.WithOwner("pod-old"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer old.Close()
-	deployer, _ := leases.New(pool, leases.WithOwner("deployer"))
+	deployer, err := leases.New(pool, leases.WithOwner("deployer"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer deployer.Close()
 
 	ctx, stop := context.WithCancel(context.Background())
@@ -160,7 +202,7 @@ func ExampleClient_RequestHandover() {
 		})
 	}()
 	<-leading
-	_, err := deployer.RequestHandover(context.Background(), "deploy/leader", 10*time.Second)
+	_, err = deployer.RequestHandover(context.Background(), "deploy/leader", 10*time.Second)
 	fmt.Println("handed over:", err == nil)
 	fmt.Println("Lead returned:", <-led)
 	// Output:

@@ -17,7 +17,7 @@ func TestExpiryJudgedByDatabaseClock(t *testing.T) {
 	// A poll interval of an hour: the waiter must wake at the holder's
 	// expiry on its own, not by polling.
 	cs, ps := clients(t, 2, WithPollInterval(time.Hour))
-	frozen := newClient(t, ps[0], withoutKeepalive())
+	frozen := freeze(newClient(t, ps[0]))
 	ctx := testContext(t)
 	const ttl = 2 * time.Second
 	old, err := frozen.TryAcquire(ctx, "expiry", ttl)
@@ -49,7 +49,8 @@ func TestExpiryJudgedByDatabaseClock(t *testing.T) {
 // Context() is done, the database clock is still before expires_at.
 func TestLocalDeadlineBeforeServerExpiry(t *testing.T) {
 	t.Parallel()
-	c, pool := setup(t, withoutKeepalive())
+	c, pool := setup(t)
+	freeze(c)
 	ctx := testContext(t)
 	l, err := c.TryAcquire(ctx, "deadline", time.Second)
 	if err != nil {

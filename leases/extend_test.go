@@ -90,7 +90,8 @@ func TestExtendShorterKeepsRule(t *testing.T) {
 
 	// Without renewals, the new, shorter deadline ends the context well
 	// before the old TTL — and before PostgreSQL's expiry.
-	f, fpool := setup(t, withoutKeepalive())
+	f, fpool := setup(t)
+	freeze(f)
 	l2, err := f.TryAcquire(ctx, "frozen", time.Minute)
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ func TestHandoverFasterThanPolling(t *testing.T) {
 	cs, ps := clients(t, 2)
 	a := cs[0]
 	waiting := make(chan struct{}, 1)
-	b := newClient(t, ps[1], WithPollInterval(poll), withWaitHook(func(string) { signal(waiting) }))
+	b := hookWait(newClient(t, ps[1], WithPollInterval(poll)), func(string) { signal(waiting) })
 	ctx := testContext(t)
 	// A 30s TTL: the waiter's wake-up at the holder's expiry stays out of
 	// the way.
@@ -81,7 +81,7 @@ func TestWaitersDoNotStampede(t *testing.T) {
 	cs, ps := clients(t, 2)
 	a := cs[0]
 	var attempts atomic.Int32
-	b := newClient(t, ps[1], WithPollInterval(time.Hour), withWaitHook(func(string) { attempts.Add(1) }))
+	b := hookWait(newClient(t, ps[1], WithPollInterval(time.Hour)), func(string) { attempts.Add(1) })
 	ctx := testContext(t)
 	la, err := a.TryAcquire(ctx, "herd", time.Minute)
 	if err != nil {

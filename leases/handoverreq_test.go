@@ -51,7 +51,7 @@ func TestHandoverAcrossProcesses(t *testing.T) {
 	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pgfence.leases WHERE name = $1 AND owner LIKE 'helper-%' AND expires_at > clock_timestamp())`, "deploy/leader")
 
 	waiting := make(chan struct{}, 1)
-	b := newClient(t, pool, WithOwner("next"), WithPollInterval(time.Minute), withWaitHook(func(string) { signal(waiting) }))
+	b := hookWait(newClient(t, pool, WithOwner("next"), WithPollInterval(time.Minute)), func(string) { signal(waiting) })
 	op := newClient(t, pgtest.PoolFor(t, url), WithOwner("operator"))
 	got := make(chan *Lease, 1)
 	go func() {
@@ -189,7 +189,7 @@ func TestHandoverUnresponsiveHolder(t *testing.T) {
 func (c *Client) renewNow(ctx context.Context, l *Lease) error {
 	l.renewMu.Lock()
 	defer l.renewMu.Unlock()
-	if again := c.renewBatch(ctx, []renewal{{l, l.TTL()}}); again {
+	if again := c.renewBatch(ctx, []renewal{{l, l.TTL()}}, lostRenewRejected); again {
 		return errors.New("renewal failed or busy")
 	}
 	c.mu.Lock()

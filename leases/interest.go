@@ -70,7 +70,7 @@ func (c *Client) want(ctx context.Context, name string) {
 // client waits for or observes it.
 func (c *Client) unwantLater(name string) {
 	c.mu.Lock()
-	if c.closed {
+	if c.isClosed() {
 		c.mu.Unlock()
 		return
 	}
@@ -89,7 +89,7 @@ func (c *Client) unwantLater(name string) {
 		if wanted {
 			return
 		}
-		ctx, cancel := context.WithTimeout(c.bg, interestTimeout)
+		ctx, cancel := context.WithTimeout(c.shutdown, interestTimeout)
 		defer cancel()
 		if _, err := c.in.conn.Exec(ctx, sqlUnwant, []int32{waitKey(name)}); err != nil {
 			return // the listener replaces a failed connection

@@ -25,7 +25,7 @@ const (
 func (c *Client) register(l *Lease, start time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.isClosed() {
 		return ErrClosed
 	}
 	l.deadline = start.Add(l.ttl - margin(l.ttl))
@@ -53,11 +53,6 @@ func (c *Client) renewedLocked(l *Lease, start time.Time, expiresAt time.Time) {
 	l.nextRenew = start.Add(l.ttl / 3)
 	l.expiresAt = expiresAt
 	l.timer.Reset(time.Until(deadline))
-	if !l.releaseNotified.IsZero() && start.After(l.releaseNotified) {
-		// The notification was not about this grant (e.g. a stale
-		// holder's release of an older one).
-		l.releaseNotified = time.Time{}
-	}
 }
 
 // dropLocked stops keeping l alive.
@@ -71,18 +66,15 @@ func (c *Client) dropLocked(l *Lease) {
 }
 
 // lose marks l lost with cause (which wraps ErrLost), records the loss
-// (why; lostRenewRejected becomes lostForceReleased after a release
-// notification for l) and wakes local waiters. orphan says the row may
-// still be ours (lost at the local deadline): the keepalive expires it so
-// that waiters need not wait for the server's expiry.
+// (why, as the caller that found it knows it) and wakes local waiters.
+// orphan says the row may still be ours (lost at the local deadline): the
+// keepalive expires it so that waiters need not wait for the server's
+// expiry.
 func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.mu.Lock()
 	if l.state != stateHeld {
 		c.mu.Unlock()
 		return
-	}
-	if why == lostRenewRejected && !l.releaseNotified.IsZero() {
-		why = lostForceReleased
 	}
 	l.state = stateLost
 	c.dropLocked(l)
@@ -92,7 +84,7 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.m.recordHold(l, true, end)
 	c.m.recordLost(l.name, why)
 	l.cancel(cause)
-	if orphan && !c.cfg.noKeepalive && !c.closed {
+	if orphan && !c.hooks.noKeepalive && !c.isClosed() {
 		c.orphans = append(c.orphans, l)
 		c.kickKeepalive()
 	}
@@ -144,13 +136,13 @@ func (c *Client) keepalive() {
 		}
 		timer.Reset(time.Until(wake))
 		select {
-		case <-c.done:
+		case <-c.shutdown.Done():
 			return
 		case <-c.kick:
 			continue
 		case <-timer.C:
 		}
-		if c.cfg.noKeepalive {
+		if c.hooks.noKeepalive {
 			c.mu.Lock()
 			c.nextDue = time.Time{}
 			c.mu.Unlock()
@@ -197,7 +189,7 @@ func (c *Client) tick() (again bool) {
 	}()
 
 	if len(orphans) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
 		if err := c.releaseBatch(ctx, "end grants of lost leases", orphans); err != nil {
 			c.log.Warn("leases: end grants of lost leases", "count", len(orphans), "err", err)
 		}
@@ -207,7 +199,7 @@ func (c *Client) tick() (again bool) {
 		// Bounded so that a silent network cannot stall the next tick past
 		// the earliest deadline; those deadlines fire on their own anyway.
 		ctx, cancel := context.WithTimeout(context.Background(), minTTL/3)
-		again = c.renewBatch(ctx, due) || again
+		again = c.renewBatch(ctx, due, lostRenewRejected) || again
 		cancel()
 	}
 
@@ -230,8 +222,10 @@ type renewal struct {
 }
 
 // renewBatch renews rs in one statement. Leases the statement reports
-// gone are lost at once; busy ones, and all of them on an error, stay due.
-func (c *Client) renewBatch(ctx context.Context, rs []renewal) (again bool) {
+// gone are lost at once, for the reason why the renewal ran (a scheduled
+// one: lostRenewRejected); busy ones, and all of them on an error, stay
+// due.
+func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (again bool) {
 	names := make([]string, len(rs))
 	owners := make([]string, len(rs))
 	fences := make([]int64, len(rs))
@@ -303,26 +297,50 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal) (again bool) {
 	}
 	c.mu.Unlock()
 	for _, l := range lost {
-		c.lose(l, lostRenewRejected, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
+		c.lose(l, why, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
 	}
 	return again
 }
 
-// checkHeldLocked makes the keepalive renew the named lease now, if this client
-// holds it: a notification for it means someone released or force-released
-// it, and in the latter case the holder should learn at once rather than at
-// its next scheduled renewal. It marks the lease so that a loss the renewal
-// finds counts as force_released.
-func (c *Client) checkHeldLocked(name string) {
+// recheckLocked has the named lease renewed now, if this client holds
+// it: a release notification for it means someone released or
+// force-released the name or asked for a hand-over, and the holder should
+// learn at once rather than at its next scheduled renewal. c.mu held.
+func (c *Client) recheckLocked(name string) {
 	l := c.held[name]
-	if l == nil {
+	if l == nil || c.isClosed() {
 		return
 	}
-	now := time.Now()
-	l.releaseNotified = now
-	l.nextRenew = now
-	if c.nextDue.IsZero() || now.Before(c.nextDue) {
-		c.nextDue = now
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		l.renewMu.Lock()
+		defer l.renewMu.Unlock()
+		c.recheck(l, lostForceReleased)
+	}()
+}
+
+// recheck renews l at once, outside the keepalive's schedule, because of
+// a force-release: a grant the renewal finds gone was lost for reason why.
+// If the renewal must be retried (busy, or failed), the keepalive does it
+// next. l.renewMu held.
+func (c *Client) recheck(l *Lease, why lostCause) {
+	c.mu.Lock()
+	held := l.state == stateHeld
+	ttl := l.ttl
+	c.mu.Unlock()
+	if !held {
+		return
 	}
-	c.kickKeepalive()
+	ctx, cancel := context.WithTimeout(c.shutdown, ttl/3)
+	defer cancel()
+	if c.renewBatch(ctx, []renewal{{l, ttl}}, why) {
+		c.mu.Lock()
+		if c.held[l.name] == l {
+			l.nextRenew = time.Now()
+			c.nextDue = l.nextRenew
+			c.kickKeepalive()
+		}
+		c.mu.Unlock()
+	}
 }

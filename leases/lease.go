@@ -56,11 +56,6 @@ type Lease struct {
 	nextRenew  time.Time // local, monotonic: last request start + ttl/3
 	timer      *time.Timer
 	minHold    time.Duration // HoldAtLeast: Release keeps the grant until acquiredAt + minHold
-	// releaseNotified is when a release notification for this name arrived
-	// (or this client force-released it); zero once a renewal that started
-	// later succeeded. A loss found while it is set is attributed to a
-	// force-release.
-	releaseNotified time.Time
 }
 
 type leaseState uint8
@@ -209,7 +204,6 @@ func (l *Lease) Release(ctx context.Context) error {
 			c.wakeQueue(l.queue())
 		}()
 	}
-	notified := !l.releaseNotified.IsZero()
 	minHold := l.minHold
 	c.mu.Unlock()
 	end := time.Now()
@@ -231,7 +225,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	case err == nil && live == nil:
 		c.setState(l, stateReleased)
 		err = fmt.Errorf("release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
-		c.releasedLost(l, notified, end, err)
+		c.releasedLost(l, end, err)
 		return err
 	case err != nil:
 		if wasHeld {
@@ -243,7 +237,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if !*live {
 		err = fmt.Errorf("release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
 		if wasHeld {
-			c.releasedLost(l, notified, end, err)
+			c.releasedLost(l, end, err)
 		}
 		return err
 	}
@@ -271,16 +265,12 @@ func (c *Client) released(l *Lease, end time.Time) {
 }
 
 // releasedLost records that Release found l's grant gone or expired: it
-// had been lost unnoticed (after a release notification: force-released).
-func (c *Client) releasedLost(l *Lease, notified bool, end time.Time, err error) {
-	why := lostReleaseRejected
-	if notified {
-		why = lostForceReleased
-	}
+// had been lost unnoticed.
+func (c *Client) releasedLost(l *Lease, end time.Time, err error) {
 	c.m.recordHold(l, true, end)
-	c.m.recordLost(l.name, why)
+	c.m.recordLost(l.name, lostReleaseRejected)
 	c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
-		"cause", lostCauseNames[why], "held", end.Sub(l.since), "err", err)
+		"cause", lostCauseNames[lostReleaseRejected], "held", end.Sub(l.since), "err", err)
 }
 
 // String describes the grant for logs.

@@ -90,7 +90,7 @@ func (c *Client) startListener() {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.listening || c.closed {
+	if c.listening || c.isClosed() {
 		return
 	}
 	c.listening = true
@@ -100,7 +100,7 @@ func (c *Client) startListener() {
 
 func (c *Client) listen() {
 	defer c.wg.Done()
-	ctx := c.bg // cancelled when Close begins
+	ctx := c.shutdown
 	backoff := listenRetryMin
 	for {
 		err := c.listenOnce(ctx)
@@ -195,9 +195,9 @@ func (c *Client) setListening(ok bool) {
 	c.listenOK = ok
 	if ok {
 		select {
-		case <-c.ready:
+		case <-c.hooks.listening:
 		default:
-			close(c.ready)
+			close(c.hooks.listening)
 		}
 	}
 }
@@ -250,7 +250,7 @@ func (c *Client) notified(n *pgconn.Notification) {
 func (c *Client) wakeName(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.checkHeldLocked(name)
+	c.recheckLocked(name)
 	if q := c.queues[name]; q != nil && len(q.waiters) > 0 {
 		signal(q.waiters[0].wake)
 	}

@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -10,7 +11,17 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain provides DATABASE_URL to the Examples, which connect the way an
+// application does. A helper process (process_test.go,
+// handoverreq_test.go, waiters_bench_test.go) needs none.
+func TestMain(m *testing.M) {
+	for _, env := range []string{helperEnvURL, helperEnvHandoverURL, waitersEnvURL} {
+		if os.Getenv(env) != "" {
+			pgtest.Main(m)
+		}
+	}
+	pgtest.MainWithURL(m, "DATABASE_URL")
+}
 
 // testTimeout bounds any single wait in the tests; generous because two
 // shared CPU cores run several packages' tests with -race at once.
@@ -63,16 +74,18 @@ func clients(t *testing.T, n int, opts ...Option) ([]*Client, []*pgxpool.Pool) {
 	return cs, ps
 }
 
-// withoutKeepalive simulates a frozen holder: its leases are never renewed
-// and their rows are left in place when the local deadline passes.
-func withoutKeepalive() Option {
-	return func(c *config) error { c.noKeepalive = true; return nil }
+// freeze makes c, right after New, a frozen holder: its leases are never
+// renewed and their rows are left in place when the local deadline passes.
+func freeze(c *Client) *Client {
+	c.hooks.noKeepalive = true
+	return c
 }
 
-// withWaitHook calls f each time a waiting acquirer goes to sleep after a
-// failed attempt.
-func withWaitHook(f func(name string)) Option {
-	return func(c *config) error { c.onWait = f; return nil }
+// hookWait has c, right after New, call f each time a waiting acquirer
+// goes to sleep after a failed attempt.
+func hookWait(c *Client, f func(name string)) *Client {
+	c.hooks.onWait = f
+	return c
 }
 
 // waitListening waits until c's listener has LISTENed once.
@@ -80,7 +93,7 @@ func waitListening(t *testing.T, c *Client) {
 	t.Helper()
 	c.startListener()
 	select {
-	case <-c.ready:
+	case <-c.hooks.listening:
 	case <-time.After(testTimeout):
 		t.Fatal("listener did not start")
 	}

@@ -23,12 +23,10 @@ func TestMetricsAcquireHoldRenew(t *testing.T) {
 	t.Parallel()
 	mr := metrictest.New(t)
 	waiting := make(chan struct{}, 1)
-	cs, _ := clients(t, 2, WithMeterProvider(mr.MP), withWaitHook(func(string) {
-		select {
-		case waiting <- struct{}{}:
-		default:
-		}
-	}))
+	cs, _ := clients(t, 2, WithMeterProvider(mr.MP))
+	for _, c := range cs {
+		hookWait(c, func(string) { signal(waiting) })
+	}
 	holder, other := cs[0], cs[1]
 	ctx := testContext(t)
 	const ttl = time.Minute
@@ -173,7 +171,8 @@ func TestMetricsLostCauses(t *testing.T) {
 			return l
 		}},
 		{"frozen holder past its deadline", "deadline", func(t *testing.T, mr *metrictest.Reader) *Lease {
-			c, _ := setup(t, WithMeterProvider(mr.MP), withoutKeepalive())
+			c, _ := setup(t, WithMeterProvider(mr.MP))
+			freeze(c)
 			return mustAcquire(t, c, time.Second)
 		}},
 		{"failing renewals past the deadline", "deadline", func(t *testing.T, mr *metrictest.Reader) *Lease {
@@ -350,5 +349,31 @@ func TestGaugesHeldAndLeading(t *testing.T) {
 	got = mr.Collect(t)
 	if h, l := metrictest.Total(got, metricHeld), metrictest.Total(got, metricLeader); h != 1 || l != 0 {
 		t.Errorf("after stepping down and a release: held %v, leader %v; want 1 and 0", h, l)
+	}
+}
+
+// Once's fenced transaction counts its rejection on the Client's provider,
+// like fencing.InTx with fencing.WithMeterProvider: a holder whose grant
+// is force-released (unnoticed) while fn runs has its record rejected as
+// stale, then takes the lease again and records the period.
+func TestMetricsOnceRejectedOnClientProvider(t *testing.T) {
+	t.Parallel()
+	mr := metrictest.New(t)
+	cs, ps := clients(t, 1)
+	c := newClient(t, ps[0], WithMeterProvider(mr.MP), WithNotifications(false))
+	ctx := testContext(t)
+	calls := 0
+	did, err := c.Once(ctx, "job", "p1", time.Minute, func(ctx context.Context, l *Lease) error {
+		calls++
+		if calls == 1 {
+			return cs[0].ForceRelease(ctx, l.Name())
+		}
+		return nil
+	})
+	if !did || err != nil || calls != 2 {
+		t.Fatalf("Once = %v, %v after %d calls; want true, nil after 2", did, err, calls)
+	}
+	if p := metrictest.Find(t, mr.Collect(t), "pgfence.fenced_writes.rejected", "reason=stale"); p.Sum != 1 {
+		t.Errorf("fenced_writes.rejected{reason=stale} = %v, want 1", p.Sum)
 	}
 }

@@ -30,7 +30,7 @@ func (c *Client) Observe(ctx context.Context, name string) (<-chan Info, error) 
 	}
 	o := &observer{wake: make(chan struct{}, 1)}
 	c.mu.Lock()
-	if c.closed {
+	if c.isClosed() {
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
@@ -44,7 +44,7 @@ func (c *Client) Observe(ctx context.Context, name string) (<-chan Info, error) 
 
 	ch := make(chan Info, 1)
 	octx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.bg, cancel)
+	stop := context.AfterFunc(c.shutdown, cancel)
 	go func() {
 		defer c.wg.Done()
 		defer close(ch)

@@ -105,7 +105,7 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 			var err error
 			recorded, err = MarkDone(ctx, tx, name, period)
 			return err
-		})
+		}, c.fenced...)
 		return recorded && err == nil, err
 	})
 }
@@ -139,7 +139,7 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 				return err
 			}
 			return fn(ctx, tx, l)
-		})
+		}, c.fenced...)
 		if errors.Is(err, errAlreadyDone) {
 			return false, nil
 		}

@@ -146,7 +146,8 @@ func TestOnceFailureLeavesPeriodUndone(t *testing.T) {
 // the lease again and runs the period again.
 func TestOnceLostLeaseRunsAgain(t *testing.T) {
 	t.Parallel()
-	c, _ := setup(t, withoutKeepalive())
+	c, _ := setup(t)
+	freeze(c)
 	ctx := testContext(t)
 	var fences []int64
 	did, err := c.Once(ctx, "job", "p1", time.Second, func(ctx context.Context, l *Lease) error {

@@ -30,8 +30,11 @@ const (
 	// DefaultForceReleaseTimeout is the default for WithForceReleaseTimeout.
 	DefaultForceReleaseTimeout = 5 * time.Second
 
-	// releaseTimeout bounds the best-effort releases of Run, Lead and Close.
-	releaseTimeout = 5 * time.Second
+	// DefaultReleaseTimeout is the default for WithReleaseTimeout, the
+	// same as pglock's DefaultUnlockTimeout.
+	DefaultReleaseTimeout = 5 * time.Second
+	minReleaseTimeout     = 10 * time.Millisecond
+	maxReleaseTimeout     = time.Hour
 )
 
 // Option configures a Client. An invalid option makes New return an error.
@@ -48,20 +51,32 @@ type config struct {
 
 	durableRelease bool
 	forceTimeout   time.Duration
-
-	// Test hooks (unexported options in the package's own tests).
-	noKeepalive bool              // simulate a frozen holder: no renewals, no orphan release
-	onWait      func(name string) // a waiting acquirer is about to sleep (after a failed attempt, or while its own client holds the lease)
+	releaseTimeout time.Duration
 }
 
 func defaultConfig() config {
 	return config{
-		owner:        defaultOwner(),
-		log:          slog.New(slog.DiscardHandler),
-		pollInterval: DefaultPollInterval,
-		notify:       true,
-		forceTimeout: DefaultForceReleaseTimeout,
+		owner:          defaultOwner(),
+		log:            slog.New(slog.DiscardHandler),
+		pollInterval:   DefaultPollInterval,
+		notify:         true,
+		forceTimeout:   DefaultForceReleaseTimeout,
+		releaseTimeout: DefaultReleaseTimeout,
 	}
+}
+
+// hooks are the package's test hooks, in one place; production code only
+// reads them (and closes listening). Tests set them on a Client right
+// after New, before its first grant.
+type hooks struct {
+	// noKeepalive simulates a frozen holder: no renewals, and no release
+	// of the grants of leases lost at the local deadline.
+	noKeepalive bool
+	// onWait is called when a waiting acquirer is about to sleep (after a
+	// failed attempt, or while its own client holds the lease).
+	onWait func(name string)
+	// listening is closed when LISTEN first succeeds.
+	listening chan struct{}
 }
 
 // WithDurableRelease makes releases wait for the WAL flush (and for
@@ -90,6 +105,25 @@ func WithForceReleaseTimeout(d time.Duration) Option {
 			return invalid(fmt.Sprintf("leases: force-release timeout must be between 1ms and 1h, got %s", d))
 		}
 		c.forceTimeout = d
+		return nil
+	}
+}
+
+// WithReleaseTimeout bounds the clean-up the client does after its caller
+// is done: the Release that Run and Lead run after fn (with
+// context.WithoutCancel, so it runs even when ctx has ended), the one
+// statement with which Close ends every held grant, the release of a
+// grant that arrived after Close began, and the keepalive's release of
+// grants it stopped trusting. A release that times out leaves the grant to
+// expire after its TTL. Default 5s, valid [10ms, 1h]; pglock's
+// WithUnlockTimeout has the same default.
+func WithReleaseTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < minReleaseTimeout || d > maxReleaseTimeout {
+			return invalid(fmt.Sprintf("leases: invalid option WithReleaseTimeout: timeout must be between %v and %v, got %v",
+				minReleaseTimeout, maxReleaseTimeout, d))
+		}
+		c.releaseTimeout = d
 		return nil
 	}
 }

@@ -9,8 +9,9 @@ import (
 
 // Run acquires the named lease (waiting, like Acquire), runs fn with a
 // context that ends when ctx ends or the lease is no longer safely held
-// (whichever first; the cause says which), then releases the lease with
-// a 5s timeout that ignores ctx's cancellation. It returns Acquire's error,
+// (whichever first; the cause says which), then releases the lease,
+// bounded by WithReleaseTimeout (default 5s) and not by ctx's
+// cancellation. It returns Acquire's error,
 // or fn's error; if the lease was lost while fn ran, the returned error
 // wraps ErrLost (also when fn returned nil). On a hand-over request fn's
 // context ends with cause ErrHandover and Run releases once fn returns.
@@ -35,7 +36,7 @@ func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Cont
 	stop()
 	cancel(nil)
 
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 	relErr := l.Release(rctx)
 	rcancel()
 	switch {
@@ -101,7 +102,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			case <-ctx.Done():
 				t.Stop()
 				return nil
-			case <-c.done:
+			case <-c.shutdown.Done():
 				t.Stop()
 				return ErrClosed
 			}
@@ -126,7 +127,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			case <-ctx.Done():
 				t.Stop()
 				return nil
-			case <-c.done:
+			case <-c.shutdown.Done():
 				t.Stop()
 				return ErrClosed
 			}

@@ -99,7 +99,10 @@ func TestSemaphoreSlots(t *testing.T) {
 func TestSemaphoreWaiterWokenByRelease(t *testing.T) {
 	t.Parallel()
 	sleeping := make(chan struct{}, 1)
-	cs, _ := clients(t, 2, WithPollInterval(time.Hour), withWaitHook(func(string) { signal(sleeping) }))
+	cs, _ := clients(t, 2, WithPollInterval(time.Hour))
+	for _, c := range cs {
+		hookWait(c, func(string) { signal(sleeping) })
+	}
 	ctx := testContext(t)
 	sa, _ := cs[0].Semaphore("workers", 2)
 	sb, _ := cs[1].Semaphore("workers", 2)

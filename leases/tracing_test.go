@@ -45,7 +45,7 @@ func TestTracingSpans(t *testing.T) {
 	for i, s := range ended {
 		attrs := map[string]string{}
 		for _, a := range s.Attributes() {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if s.Name() != want[i] || attrs[spans.AttrName] != "traced" {
 			t.Errorf("span %d: %s %v, want %s with the name", i, s.Name(), attrs, want[i])

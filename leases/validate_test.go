@@ -48,6 +48,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithLogger(nil), "logger must not be nil"},
 		{WithPollInterval(time.Millisecond), "poll interval must be between 10ms and 1h0m0s, got 1ms"},
 		{WithPollInterval(2 * time.Hour), "poll interval must be between"},
+		{WithReleaseTimeout(time.Millisecond), "invalid option WithReleaseTimeout: timeout must be between 10ms and 1h0m0s, got 1ms"},
 		{nil, "option must not be nil"},
 	} {
 		c, err := New(pool, tc.opt)
@@ -56,8 +57,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 			t.Errorf("New with bad option: no error, want %q", tc.want)
 			continue
 		}
-		if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "leases: ") {
-			t.Errorf("New: %v, want it to say %q", err, tc.want)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "leases: ") {
+			t.Errorf("New: %v, want ErrInvalid saying %q", err, tc.want)
 		}
 	}
 	if c, err := New(pool, WithOwner("billing-7"), WithLogger(slog.Default()), WithPollInterval(time.Second), WithNotifications(false)); err != nil {

@@ -121,7 +121,7 @@ func BenchmarkWaiters64(b *testing.B) {
 		}
 		defer c.Close()
 		c.startListener()
-		<-c.ready
+		<-c.hooks.listening
 		var grants atomic.Int64
 		s0 := sc.n.Load()
 		b.ResetTimer()
@@ -285,7 +285,7 @@ func TestWaitersHelperProcess(t *testing.T) {
 	defer c.Close()
 	c.startListener()
 	select {
-	case <-c.ready:
+	case <-c.hooks.listening:
 	case <-ctx.Done():
 		t.Fatal("listener did not start")
 	}
