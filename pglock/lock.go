@@ -28,16 +28,18 @@ type Lock struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// The monitor goroutine (monitor.go), started at the grant, owns conn
-	// until it closes done; after that, conn is Unlock's. The monitor
+	// The monitor goroutine (monitor.go), run by start after a delay, owns
+	// conn until it closes done; after that, conn is Unlock's (at once if
+	// Unlock stopped start before it fired). The monitor
 	// returns when Unlock closes stop, or when it finds the session gone
 	// (it then destroys conn and sets it to nil). Only Unlock closes stop,
 	// and only the monitor closes done. mu orders the socket's deadlines
 	// between the two (see stopMonitor).
-	conn *pgxpool.Conn
-	stop chan struct{}
-	done chan struct{}
-	mu   sync.Mutex
+	conn  *pgxpool.Conn
+	start *time.Timer // runs the monitor, after a delay
+	stop  chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
 
 	unlockOnce sync.Once
 	unlockErr  error
@@ -63,7 +65,7 @@ func newLock(l *Locker, conn *pgxpool.Conn, s lockSet, shared bool, since time.T
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	go lk.monitor(min(l.hooks.monitorDelay, l.cfg.interval))
+	lk.start = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
 	return lk
 }
 

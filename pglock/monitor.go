@@ -13,15 +13,15 @@ import (
 // return at once with a timeout.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// monitor is the Lock's one goroutine, started at the grant. It owns the
-// pinned connection until it returns, and it returns in exactly two ways:
-// Unlock closed stop (the connection is then Unlock's), or the session is
-// gone (it destroys the connection and ends the Lock's context with
-// ErrLost). It closes done when it returns; nothing else does.
+// monitor is the Lock's one goroutine, run by the start timer a short
+// delay after the grant: a lock held briefly (most are) costs no goroutine
+// and no hand-off at Unlock, which stops the timer. Once running it owns
+// the pinned connection until it returns, and it returns in exactly two
+// ways: Unlock closed stop (the connection is then Unlock's), or the
+// session is gone (it destroys the connection and ends the Lock's context
+// with ErrLost). It closes done when it returns; nothing else does.
 //
-// It first waits delay, or until stop closes: a lock held briefly (most
-// are) never reads the socket, and its Unlock finds the monitor here. Then
-// it alternates two phases:
+// It alternates two phases:
 //
 //   - watch: block reading the socket for up to the liveness interval. An
 //     idle session receives nothing, so anything that ends the read other
@@ -33,14 +33,10 @@ var aLongTimeAgo = time.Unix(1, 0)
 //
 // It uses socket deadlines, not contexts, so it never depends on the pool's
 // context-watcher configuration and never sends a cancel request.
-func (lk *Lock) monitor(delay time.Duration) {
+func (lk *Lock) monitor() {
 	defer close(lk.done)
-	t := time.NewTimer(delay)
-	select {
-	case <-lk.stop:
-		t.Stop()
-		return
-	case <-t.C:
+	if lk.stopped() {
+		return // Unlock came as the start timer fired
 	}
 	pg := lk.conn.Conn().PgConn()
 	cfg := lk.l.cfg
@@ -108,17 +104,21 @@ func (lk *Lock) stopped() bool {
 }
 
 // stopMonitor makes the monitor return and hand the connection back, and
-// waits until it has: at once if it is waiting to start or watching, after
-// the round trip if it is probing (bounded by the liveness timeout). Unlock
-// calls it, once.
+// waits until it has: at once if it has not started (it never will) or is
+// watching, after the round trip if it is probing (bounded by the liveness
+// timeout). Unlock calls it, once.
 //
-// It closes stop, then, holding mu, sets a read deadline in the past. The
+// It closes stop and stops the start timer; if the monitor runs, it then,
+// holding mu, sets a read deadline in the past. The
 // monitor sets a watch's deadline only while holding mu and after checking
 // stop: so either it sees stop and does not watch, or its watch, under way
 // or about to begin, ends at once on this deadline. A probe holds mu, so
 // the deadline never cuts one short.
 func (lk *Lock) stopMonitor() {
 	close(lk.stop)
+	if lk.start.Stop() {
+		return // the monitor never started, and never will: conn is Unlock's
+	}
 	lk.mu.Lock()
 	_ = lk.nc.SetReadDeadline(aLongTimeAgo)
 	lk.mu.Unlock()
