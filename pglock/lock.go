@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"database/sql"
 	"net"
 	"slices"
 	"sync"
@@ -35,6 +36,7 @@ type Lock struct {
 	// and only the monitor closes done. mu orders the socket's deadlines
 	// between the two (see stopMonitor).
 	conn *pgxpool.Conn
+	sc   *sql.Conn // instead of conn over database/sql (dbsql.go)
 	stop chan struct{}
 	done chan struct{}
 	mu   sync.Mutex
@@ -152,6 +154,9 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 func (lk *Lock) unlock(ctx context.Context) error {
+	if lk.sc != nil {
+		return lk.unlockDB(ctx)
+	}
 	lk.stopMonitor()
 	conn := lk.conn
 	lk.conn = nil
