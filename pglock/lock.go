@@ -154,7 +154,7 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 func (lk *Lock) unlock(ctx context.Context) error {
-	if lk.sc != nil {
+	if lk.l.db != nil {
 		return lk.unlockDB(ctx)
 	}
 	lk.stopMonitor()

@@ -3,6 +3,7 @@ package dbx
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -60,29 +61,39 @@ func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn
 type row struct{ r *sql.Row }
 
 func (r row) Scan(dest ...any) error {
-	err := r.r.Scan(discardNil(dest)...)
+	err := r.r.Scan(scanDests(dest)...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return pgx.ErrNoRows
 	}
 	return Error(err)
 }
 
-// discardNil replaces the nil destinations of dest, which pgx skips and
-// database/sql refuses, with throwaway ones.
-func discardNil(dest []any) []any {
+// scanDests adapts dest to database/sql where pgx and database/sql
+// differ: a nil destination, which pgx skips and database/sql refuses,
+// becomes a throwaway one; a *json.RawMessage, which database/sql cannot
+// set to NULL, is scanned through a *[]byte.
+func scanDests(dest []any) []any {
+	var out []any
 	for i, d := range dest {
-		if d == nil {
-			out := make([]any, len(dest))
-			copy(out, dest)
-			for j := i; j < len(out); j++ {
-				if out[j] == nil {
-					out[j] = new(any)
-				}
-			}
-			return out
+		var to any
+		switch d := d.(type) {
+		case nil:
+			to = new(any)
+		case *json.RawMessage:
+			to = (*[]byte)(d)
+		default:
+			continue
 		}
+		if out == nil {
+			out = make([]any, len(dest))
+			copy(out, dest)
+		}
+		out[i] = to
 	}
-	return dest
+	if out == nil {
+		return dest
+	}
+	return out
 }
 
 // rows is a *sql.Rows as a pgx.Rows: enough for Next, Scan, Err, Close and
@@ -123,7 +134,7 @@ func (r *rows) Next() bool {
 }
 
 func (r *rows) Scan(dest ...any) error {
-	if err := r.rs.Scan(discardNil(dest)...); err != nil {
+	if err := r.rs.Scan(scanDests(dest)...); err != nil {
 		r.err = Error(err)
 		return r.err
 	}

@@ -11,8 +11,9 @@
 //     bind, are sent as PostgreSQL array literals, quoted in Go; the
 //     statements read them as text[], int8[] or int4[] (a cast or the
 //     function's signature);
-//   - scanning: a nil destination discards its column, as in pgx;
-//     sql.ErrNoRows becomes pgx.ErrNoRows;
+//   - scanning: a nil destination discards its column, as in pgx; a
+//     *json.RawMessage takes NULL (as nil); sql.ErrNoRows becomes
+//     pgx.ErrNoRows;
 //   - errors: a driver error carrying a SQLSTATE (interface{ SQLState()
 //     string }, which *pq.Error and *pgconn.PgError both have) also answers
 //     errors.As with a *pgconn.PgError, so that the packages read every
