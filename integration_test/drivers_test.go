@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" with database/sql
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/lib/pq" // registers "postgres" with database/sql
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx" with database/sql
+	_ "github.com/lib/pq"              // registers "postgres" with database/sql
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/leases"
