@@ -27,13 +27,7 @@ type SQLBeginner interface {
 // ErrStale. If declaring fails, the transaction is rolled back and BeginDB
 // returns the error.
 func BeginDB(ctx context.Context, db SQLBeginner, tok Token, opts *sql.TxOptions) (*sql.Tx, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: db must not be nil", ErrInvalid)
-	}
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: context must not be nil", ErrInvalid)
-	}
-	if err := tok.Validate(); err != nil {
+	if err := checkBegin(ctx, db, tok); err != nil {
 		return nil, err
 	}
 	tx, err := db.BeginTx(ctx, opts)

@@ -60,13 +60,7 @@ const rollbackTimeout = 5 * time.Second
 // transaction's methods. If declaring fails, the transaction is rolled back
 // and Begin returns the error.
 func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: db must not be nil", ErrInvalid)
-	}
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: context must not be nil", ErrInvalid)
-	}
-	if err := tok.Validate(); err != nil {
+	if err := checkBegin(ctx, db, tok); err != nil {
 		return nil, err
 	}
 	if b, ok := db.(txBeginner); ok {
@@ -90,6 +84,17 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 		return nil, fmt.Errorf("fencing: declare token %v: %w", tok, err)
 	}
 	return tx, nil
+}
+
+// checkBegin validates the arguments of Begin and BeginDB.
+func checkBegin(ctx context.Context, db any, tok Token) error {
+	if isNil(db) {
+		return fmt.Errorf("%w: db must not be nil", ErrInvalid)
+	}
+	if ctx == nil {
+		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
+	}
+	return tok.Validate()
 }
 
 // txBeginner is a DB that can open a transaction with a custom BEGIN.

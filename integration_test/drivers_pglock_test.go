@@ -14,7 +14,7 @@ import (
 // countSessions counts the sessions of application app.
 func countSessions(ctx context.Context, admin *pgxpool.Pool, app string) (int, error) {
 	var n int
-	err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+	err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, app).Scan(&n)
 	return n, err
 }
 
@@ -87,7 +87,7 @@ func TestDriversLockLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryLock: %v", err)
 		}
-		mustExec(t, admin, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder'`)
+		mustExec(t, admin, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder' AND datname = current_database()`)
 		// Over pgx the socket tells within milliseconds; over database/sql
 		// the next liveness query, within 50ms + 1s. 10s is generous for a
 		// loaded machine.
@@ -135,7 +135,8 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 		var pid int32
 		mustWait(t, 10*time.Second, "the waiter to queue", func() (bool, error) {
 			err := admin.QueryRow(ctx, `SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-			 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'`).Scan(&pid)
+			 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'
+			   AND a.datname = current_database()`).Scan(&pid)
 			return err == nil, nil
 		})
 		cancel()
@@ -147,9 +148,11 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 		case <-time.After(15 * time.Second): // the clean-up is bounded by the 5s unlock timeout
 			t.Fatal("Lock did not return after its context was cancelled")
 		}
-		// Lock returns only once the server has ended the wait.
+		// Lock returns only once the server has ended the wait (pg_locks
+		// shows every database: other subtests run in their own).
 		var waiting int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&waiting); err != nil || waiting != 0 {
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting); err != nil || waiting != 0 {
 			t.Fatalf("backends still waiting after Lock returned: %d (%v)", waiting, err)
 		}
 		mustWait(t, 5*time.Second, "the waiter's session to be closed", func() (bool, error) {
