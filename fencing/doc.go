@@ -90,6 +90,16 @@
 // holder sees ErrStale it has lost: the same token will never be accepted
 // again. Stop, and let the current holder do the work.
 //
+// # database/sql
+//
+// BeginDB and InDBTx are Begin and InTx on a *sql.DB, *sql.Conn or
+// *sqlx.DB (SQLBeginner): BEGIN, then pgfence.declare_token in a second
+// round trip. Rejections map to ErrStale and ErrNoToken whichever driver
+// reports them: IsStale and IsNoToken read the SQLSTATE of a
+// *pgconn.PgError and of any error with a SQLState method (lib/pq's
+// *pq.Error). A GORM transaction is fenced by running the declaration as
+// its first statement.
+//
 // # Telemetry
 //
 // InTx reports through the OpenTelemetry API only. It counts each

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // ErrStale means the database rejected a write because its token is stale:
@@ -30,7 +32,10 @@ type StaleError struct {
 	// Token is the token the transaction declared.
 	Token Token
 	// PgError is the guard's rejection. Its Message says which rule
-	// rejected the write; SchemaName and TableName name the table.
+	// rejected the write; SchemaName and TableName name the table. Through
+	// database/sql with a driver other than pgx's (lib/pq), it is made
+	// from the driver's error: Code and Message only; the driver's error
+	// is in the chain (errors.As).
 	PgError *pgconn.PgError
 
 	err error
@@ -48,8 +53,10 @@ func (e *StaleError) Unwrap() error { return e.err }
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
 
 // IsStale reports whether err says the guard rejected a write as stale: an
-// error matching ErrStale, or any error chain holding a *pgconn.PgError with
-// SQLSTATE PF001 (what plain SQL through the guard returns). It is false for
+// error matching ErrStale, or any error chain holding a *pgconn.PgError (or
+// a database/sql driver's error with a SQLState method, such as lib/pq's
+// *pq.Error) with SQLSTATE PF001 (what plain SQL through the guard
+// returns). It is false for
 // ErrNoToken and for every other failure.
 func IsStale(err error) bool {
 	return errors.Is(err, ErrStale) || sqlState(err) == SQLStateStale
@@ -57,27 +64,23 @@ func IsStale(err error) bool {
 
 // IsNoToken reports whether err says the guard rejected a write that declared
 // no token: an error matching ErrNoToken, or any error chain holding a
-// *pgconn.PgError with SQLSTATE PF002.
+// *pgconn.PgError (or a driver's error, as for IsStale) with SQLSTATE
+// PF002.
 func IsNoToken(err error) bool {
 	return errors.Is(err, ErrNoToken) || sqlState(err) == SQLStateNoToken
 }
 
-// sqlState returns the SQLSTATE of the first *pgconn.PgError in err's chain,
-// or "".
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
+// sqlState returns the SQLSTATE of the first error in err's chain that
+// carries one (*pgconn.PgError, or a database/sql driver's error such as
+// lib/pq's *pq.Error), or "".
+func sqlState(err error) string { return dbx.SQLState(err) }
 
 // classify maps the guard's rejections in err to the package's errors:
 // PF001 to a *StaleError, PF002 to an error wrapping ErrNoToken. Any other
 // error (and nil) is returned unchanged.
 func classify(tok Token, err error) error {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
+	pgErr := dbx.PgError(err)
+	if pgErr == nil {
 		return err
 	}
 	switch pgErr.Code {

@@ -60,13 +60,7 @@ const rollbackTimeout = 5 * time.Second
 // transaction's methods. If declaring fails, the transaction is rolled back
 // and Begin returns the error.
 func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: db must not be nil", ErrInvalid)
-	}
-	if ctx == nil {
-		return nil, fmt.Errorf("%w: context must not be nil", ErrInvalid)
-	}
-	if err := tok.Validate(); err != nil {
+	if err := checkBegin(ctx, db, tok); err != nil {
 		return nil, err
 	}
 	if b, ok := db.(txBeginner); ok {
@@ -90,6 +84,17 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 		return nil, fmt.Errorf("fencing: declare token %v: %w", tok, err)
 	}
 	return tx, nil
+}
+
+// checkBegin validates the arguments of Begin and BeginDB.
+func checkBegin(ctx context.Context, db any, tok Token) error {
+	if isNil(db) {
+		return fmt.Errorf("%w: db must not be nil", ErrInvalid)
+	}
+	if ctx == nil {
+		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
+	}
+	return tok.Validate()
 }
 
 // txBeginner is a DB that can open a transaction with a custom BEGIN.
@@ -124,16 +129,9 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 	if fn == nil {
 		return fmt.Errorf("%w: fn must not be nil", ErrInvalid)
 	}
-	tr, rejected := tracer, (*rejectedCounter)(nil) // nil: the global provider's
-	for _, o := range opts {
-		switch {
-		case o.err != nil:
-			return o.err
-		case o.rejected != nil:
-			rejected = o.rejected
-		case o.tracer != nil:
-			tr = o.tracer
-		}
+	tr, rejected, err := telemetryOf(opts)
+	if err != nil {
+		return err
 	}
 	ctx, span := tr.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
 	defer func() { span.End(0, err) }()
@@ -161,6 +159,23 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 	return nil
 }
 
+// telemetryOf reads InTx's options: the tracer and the rejection counter
+// (nil: the global provider's), or the first invalid option's error.
+func telemetryOf(opts []Option) (*spans.Tracer, *rejectedCounter, error) {
+	tr, rejected := tracer, (*rejectedCounter)(nil)
+	for _, o := range opts {
+		switch {
+		case o.err != nil:
+			return nil, nil, o.err
+		case o.rejected != nil:
+			rejected = o.rejected
+		case o.tracer != nil:
+			tr = o.tracer
+		}
+	}
+	return tr, rejected, nil
+}
+
 // rollback ends tx after a failure, even if ctx is done.
 func rollback(ctx context.Context, tx pgx.Tx) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
@@ -168,9 +183,9 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	_ = tx.Rollback(ctx) // the failure being reported matters more
 }
 
-// isNil reports whether db is nil or a typed nil pointer (a nil *pgxpool.Pool
-// would otherwise panic inside pgx).
-func isNil(db DB) bool {
+// isNil reports whether db is nil or a typed nil pointer (a nil
+// *pgxpool.Pool or *sql.DB would otherwise panic inside the driver).
+func isNil(db any) bool {
 	if db == nil {
 		return true
 	}

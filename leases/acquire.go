@@ -264,7 +264,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac a
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
-		err := c.pool.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds(), data).Scan(&granted,
+		err := c.q.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds(), data).Scan(&granted,
 			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS, &info.Data)
 		if errors.Is(err, errNoRows) {
 			// The holder committed after this statement's snapshot was

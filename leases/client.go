@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
@@ -27,7 +29,9 @@ var errNoRows = pgx.ErrNoRows
 // connection, which renews a lease at once when a notification names it.
 // Close stops them.
 type Client struct {
-	pool *pgxpool.Pool
+	pool *pgxpool.Pool // nil over database/sql (NewDB)
+	sdb  *sql.DB       // nil over pgx (New)
+	q    dbx.Querier   // pool, or sdb adapted: every statement but the listener's
 	cfg  config
 	log  *slog.Logger
 	m    *metrics
@@ -72,7 +76,21 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if pool == nil {
 		return nil, invalid("leases: pool must not be nil")
 	}
+	c, err := configure(opts, false)
+	if err != nil {
+		return nil, err
+	}
+	c.pool, c.q = pool, pool
+	c.start()
+	return c, nil
+}
+
+// configure builds a Client from opts, with no database and no goroutine
+// yet: New and NewDB set the database, then start it. Over database/sql
+// (dbsql) notifications are off, and an option turning them on is invalid.
+func configure(opts []Option, dbsql bool) (*Client, error) {
 	cfg := defaultConfig()
+	cfg.notify = !dbsql
 	for _, opt := range opts {
 		if opt == nil {
 			return nil, invalid("leases: option must not be nil")
@@ -80,6 +98,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		if err := opt(&cfg); err != nil {
 			return nil, err
 		}
+	}
+	if dbsql && cfg.notify {
+		return nil, invalid("leases: WithNotifications(true) needs a pgx pool (New); over database/sql the client polls")
 	}
 	mp := cfg.meter
 	if mp == nil {
@@ -93,7 +114,6 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	c := &Client{
 		shutdown:      shutdown,
 		beginShutdown: beginShutdown,
-		pool:          pool,
 		cfg:           cfg,
 		log:           cfg.log,
 		m:             newMetrics(mp, cfg.nameAttr, cfg.log),
@@ -108,9 +128,13 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 		leading:       make(map[string]int),
 	}
 	c.unregisterGauges = c.registerGauges(mp)
+	return c, nil
+}
+
+// start starts the keepalive goroutine.
+func (c *Client) start() {
 	c.wg.Add(1)
 	go c.keepalive()
-	return c, nil
 }
 
 // Close stops the client: waiting Acquire calls return ErrClosed, every
@@ -183,7 +207,7 @@ func (c *Client) Get(ctx context.Context, name string) (Info, error) {
 func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, error) {
 	info := Info{Name: name}
 	var remainingUS int64
-	err := c.pool.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
+	err := c.q.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
 		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &info.Data, &remainingUS)
 	if errors.Is(err, errNoRows) {
 		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
@@ -200,7 +224,7 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
-	rows, err := c.pool.Query(ctx, sqlList)
+	rows, err := c.q.Query(ctx, sqlList)
 	if err != nil {
 		return nil, dbError("list", err)
 	}
@@ -279,12 +303,28 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 // watches, from another, which backends block it, so that a timeout can
 // name them.
 func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Duration) (*bool, []Backend, error) {
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, err
+	var (
+		q   dbx.Querier
+		pid uint32
+	)
+	if c.pool != nil {
+		conn, err := c.pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer conn.Release()
+		q, pid = conn, conn.Conn().PgConn().PID()
+	} else {
+		conn, err := c.sdb.Conn(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer conn.Close()
+		q = dbx.SQL(conn)
+		if err := q.QueryRow(ctx, sqlBackendPID).Scan(&pid); err != nil {
+			return nil, nil, err
+		}
 	}
-	defer conn.Release()
-	pid := conn.Conn().PgConn().PID()
 	var (
 		wg       sync.WaitGroup
 		blockers []Backend
@@ -308,7 +348,7 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 		}
 	}()
 	var live *bool
-	err = conn.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
+	err := q.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
 	stop()
 	wg.Wait()
 	return live, blockers, err
@@ -316,7 +356,7 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 
 // blockers describes the backends that block backend pid.
 func (c *Client) blockers(ctx context.Context, pid uint32) ([]Backend, error) {
-	rows, err := c.pool.Query(ctx, sqlBlockers, int64(pid))
+	rows, err := c.q.Query(ctx, sqlBlockers, int64(pid))
 	if err != nil {
 		return nil, err
 	}
@@ -353,7 +393,7 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 		q = sqlReleaseBatchDurable
 	}
 	ctx, span := c.tr.Start(ctx, spanRelease, "", 0)
-	_, err := c.pool.Exec(ctx, q, names, owners, fences)
+	_, err := c.q.Exec(ctx, q, names, owners, fences)
 	span.End(0, err)
 	if err != nil {
 		return dbError(op, err)

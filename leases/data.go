@@ -107,7 +107,7 @@ func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 		return err
 	}
 	var ok *bool
-	err = l.c.pool.QueryRow(ctx, sqlSetData, l.name, l.owner, l.fence, dataArg(d)).Scan(&ok)
+	err = l.c.q.QueryRow(ctx, sqlSetData, l.name, l.owner, l.fence, dataArg(d)).Scan(&ok)
 	if err != nil {
 		return dbError(fmt.Sprintf("set data of %q", l.name), err)
 	}

@@ -256,6 +256,14 @@
 // retries, listener trouble and campaign failures at Warn. Lease names are
 // the attribute name throughout.
 //
+// # database/sql
+//
+// NewDB takes a *sql.DB (pgx's stdlib driver or lib/pq; GORM's and sqlx's
+// unwrap to one). Everything works as over a pool except that database/sql
+// cannot LISTEN: waiters learn of releases by polling (WithPollInterval),
+// and OnceTx, whose fn takes a pgx.Tx, is pgx-only. Fence writes with
+// fencing.InDBTx.
+//
 // # Names
 //
 // A lease name is 1 to 200 bytes of UTF-8 without NUL. Names are global to

@@ -33,7 +33,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	start := time.Now()
 	var expiresAt *time.Time
 	ctx, span := c.tr.Start(ctx, spanRenew, l.name, l.fence)
-	err := c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, ttl.Microseconds()).Scan(&expiresAt)
+	err := c.q.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, ttl.Microseconds()).Scan(&expiresAt)
 	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		c.m.recordRenewal(l.name, renewLost)

@@ -62,7 +62,7 @@ func (c *Client) RequestHandover(ctx context.Context, name string, timeout time.
 
 func (c *Client) requestHandover(ctx context.Context, name string, timeout time.Duration) (Info, error) {
 	asked := Info{Name: name}
-	err := c.pool.QueryRow(ctx, sqlRequestHandover, name).Scan(&asked.Owner, &asked.Fence)
+	err := c.q.QueryRow(ctx, sqlRequestHandover, name).Scan(&asked.Owner, &asked.Fence)
 	if errors.Is(err, errNoRows) {
 		return Info{Name: name}, fmt.Errorf("leases: hand-over of %q: %w", name, ErrNotHeld)
 	}

@@ -252,7 +252,7 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
 	var err error
 	defer func() { span.End(0, err) }()
-	rows, err := c.pool.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
+	rows, err := c.q.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
 	if err != nil {
 		return failed(err)
 	}

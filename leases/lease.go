@@ -141,7 +141,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	start := time.Now()
 	var expiresAt *time.Time
 	ctx, span := l.c.tr.Start(ctx, spanRenew, l.name, l.fence)
-	err := l.c.pool.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.TTL().Microseconds()).Scan(&expiresAt)
+	err := l.c.q.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, l.TTL().Microseconds()).Scan(&expiresAt)
 	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
@@ -185,7 +185,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		c.mu.Unlock()
 		// End the grant anyway in case it is still ours (lost at the local
 		// deadline before the server's expiry): hand-over sooner.
-		_, _ = c.pool.Exec(ctx, c.releaseSQL(), l.name, l.owner, l.fence)
+		_, _ = c.q.Exec(ctx, c.releaseSQL(), l.name, l.owner, l.fence)
 		return context.Cause(l.ctx)
 	case stateHeld:
 		l.state = stateReleasing
@@ -212,9 +212,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	var err error
 	ctx, span := c.tr.Start(ctx, spanRelease, l.name, l.fence)
 	if minHold > 0 {
-		err = c.pool.QueryRow(ctx, c.releaseAtLeastSQL(), l.name, l.owner, l.fence, minHold.Microseconds()).Scan(&live, new(string))
+		err = c.q.QueryRow(ctx, c.releaseAtLeastSQL(), l.name, l.owner, l.fence, minHold.Microseconds()).Scan(&live, new(string))
 	} else {
-		err = c.pool.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
+		err = c.q.QueryRow(ctx, c.releaseSQL(), l.name, l.owner, l.fence).Scan(&live, new(string))
 	}
 	span.End(0, err)
 	switch {

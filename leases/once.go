@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // Once per period: a job (a lease name, "billing/nightly") runs at most
@@ -101,11 +103,20 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 			return false, err
 		}
 		var recorded bool
-		err := fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
-			var err error
-			recorded, err = MarkDone(ctx, tx, name, period)
-			return err
-		}, c.fenced...)
+		var err error
+		if c.pool != nil {
+			err = fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
+				var err error
+				recorded, err = MarkDone(ctx, tx, name, period)
+				return err
+			}, c.fenced...)
+		} else {
+			err = fencing.InDBTx(ctx, c.sdb, l.Token(), func(tx *sql.Tx) error {
+				var err error
+				recorded, err = markDone(ctx, dbx.SQL(tx), name, period)
+				return err
+			}, c.fenced...)
+		}
 		return recorded && err == nil, err
 	})
 }
@@ -125,6 +136,9 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 	fn func(ctx context.Context, tx pgx.Tx, l *Lease) error, opts ...OnceOption) (bool, error) {
 	if fn == nil {
 		return false, invalid("leases: fn must not be nil")
+	}
+	if c != nil && c.pool == nil {
+		return false, invalid("leases: OnceTx needs a pgx pool (New); over database/sql use Once, or fencing.InDBTx")
 	}
 	return c.once(ctx, name, period, ttl, opts, func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
 		err := fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
@@ -208,7 +222,7 @@ func (c *Client) OnceDone(ctx context.Context, name, period string) (OnceRecord,
 		return OnceRecord{}, false, err
 	}
 	rec := OnceRecord{Name: name, Period: period}
-	err := c.pool.QueryRow(ctx, sqlOnceDone, name, period).Scan(&rec.Fence, &rec.DoneAt)
+	err := c.q.QueryRow(ctx, sqlOnceDone, name, period).Scan(&rec.Fence, &rec.DoneAt)
 	switch {
 	case errors.Is(err, errNoRows):
 		return OnceRecord{Name: name, Period: period}, false, nil
@@ -233,6 +247,11 @@ func MarkDone(ctx context.Context, tx pgx.Tx, name, period string) (bool, error)
 	if err := validatePeriod(period); err != nil {
 		return false, err
 	}
+	return markDone(ctx, tx, name, period)
+}
+
+// markDone is MarkDone on any transaction, pgx's or database/sql's.
+func markDone(ctx context.Context, tx dbx.Querier, name, period string) (bool, error) {
 	var recorded bool
 	if err := tx.QueryRow(ctx, sqlMarkDone, name, period).Scan(&recorded); err != nil {
 		return false, dbError(fmt.Sprintf("mark period %q of %q done", period, name), err)

@@ -131,7 +131,7 @@ func (s *Semaphore) Run(ctx context.Context, ttl time.Duration, fn func(ctx cont
 // Holders returns the live grants of the semaphore's slots, by slot
 // number. ctx bounds the query.
 func (s *Semaphore) Holders(ctx context.Context) ([]Info, error) {
-	rows, err := s.c.pool.Query(ctx, sqlSlots, s.name, s.slots)
+	rows, err := s.c.q.Query(ctx, sqlSlots, s.name, s.slots)
 	if err != nil {
 		return nil, dbError(fmt.Sprintf("holders of semaphore %q", s.name), err)
 	}
@@ -164,7 +164,7 @@ func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info,
 		expires     *time.Time
 		remainingUS int64
 	)
-	err := c.pool.QueryRow(ctx, sqlGrantSlot, s.name, s.slots, owner, ttl.Microseconds()).Scan(&granted,
+	err := c.q.QueryRow(ctx, sqlGrantSlot, s.name, s.slots, owner, ttl.Microseconds()).Scan(&granted,
 		&slot, &lease, &holder, &fence, &acquired, &renewed, &expires, &remainingUS)
 	if err != nil {
 		if errors.Is(err, errNoRows) {

@@ -218,6 +218,17 @@
 // hand a lone client the same server session again. A direct connection
 // pays nothing for it.
 //
+// # database/sql
+//
+// NewDB takes a *sql.DB (pgx's stdlib driver or lib/pq; GORM's and sqlx's
+// unwrap to one). A Lock then pins a *sql.Conn, the destroy rule and the
+// abandoned-wait rule hold as above (a doubtful connection is discarded
+// through driver.ErrBadConn, so database/sql closes it), and two things
+// differ: loss is found by a liveness query every interval (the socket is
+// out of reach), so a terminated backend ends the Context within the
+// liveness interval + timeout rather than milliseconds; and a
+// transaction-mode pooler is not detected.
+//
 // # Standbys
 //
 // A hot standby grants advisory locks, but they exclude nobody on the

@@ -115,7 +115,7 @@ func (l *Locker) Get(ctx context.Context, name string) ([]Info, error) {
 }
 
 func (l *Locker) list(ctx context.Context, op string, key *int64) ([]Info, error) {
-	rows, err := l.pool.Query(ctx, sqlList, key)
+	rows, err := l.q.Query(ctx, sqlList, key)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: %s: %w", op, pgerr.WithHint(err))
 	}

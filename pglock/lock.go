@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"database/sql"
 	"net"
 	"slices"
 	"sync"
@@ -36,6 +37,7 @@ type Lock struct {
 	// and only the monitor closes done. mu orders the socket's deadlines
 	// between the two (see stopMonitor).
 	conn  *pgxpool.Conn
+	sc    *sql.Conn   // instead of conn over database/sql (dbsql.go)
 	start *time.Timer // runs the monitor, after a delay
 	stop  chan struct{}
 	done  chan struct{}
@@ -154,6 +156,9 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 func (lk *Lock) unlock(ctx context.Context) error {
+	if lk.l.db != nil {
+		return lk.unlockDB(ctx)
+	}
 	lk.stopMonitor()
 	conn := lk.conn
 	lk.conn = nil

@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -9,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // A Locker takes session-scoped advisory locks over a pool. It is safe for
@@ -17,7 +20,9 @@ import (
 // acquire occupies one while it waits. Size the pool for the locks you hold
 // and wait for at once, plus your other work.
 type Locker struct {
-	pool  *pgxpool.Pool
+	pool  *pgxpool.Pool // nil over database/sql (NewDB)
+	db    *sql.DB       // nil over pgx (New)
+	q     dbx.Querier   // pool, or db adapted: List, Get, and cancelling waits
 	cfg   config
 	tel   telemetry
 	hooks hooks
@@ -30,6 +35,16 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Locker, error) {
 	if pool == nil {
 		return nil, invalid("pool", "is nil")
 	}
+	l, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	l.pool, l.q = pool, pool
+	return l, nil
+}
+
+// configure builds a Locker from opts, without its database.
+func configure(opts []Option) (*Locker, error) {
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
@@ -44,7 +59,6 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Locker, error) {
 		mp = otel.GetMeterProvider()
 	}
 	return &Locker{
-		pool:  pool,
 		cfg:   cfg,
 		tel:   telemetry{m: newMetrics(mp, cfg.nameAttr, cfg.log), log: cfg.log},
 		hooks: hooks{monitorDelay: monitorStartDelay},
@@ -123,6 +137,9 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, s.opErr(m.op, err)
 	}
+	if l.db != nil {
+		return l.takeDB(ctx, s, m)
+	}
 	start := time.Now()
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
@@ -137,19 +154,8 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	switch {
 	case !m.try:
 		pid, abandoned, err = l.wait(ctx, conn, s.keys, m.shared)
-	case len(s.keys) > 1:
-		var n int32
-		err = conn.QueryRow(ctx, sqlTryLockAll, s.keys, false).Scan(&pid, &n)
-		taken = int(n)
 	default:
-		sql, granted := sqlTryLock, false
-		if m.shared {
-			sql = sqlTryLockShared
-		}
-		err = conn.QueryRow(ctx, sql, s.keys[0]).Scan(&pid, &granted)
-		if !granted {
-			taken = 0
-		}
+		pid, taken, err = try(ctx, conn, s.keys, m.shared)
 	}
 	switch {
 	case abandoned:
@@ -194,39 +200,66 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	return lk, nil
 }
 
+// try tries the session locks keys (several only exclusive) on q, and
+// returns the answering backend and how many of keys it took: all, or the
+// index of the refused one (those before it are then held).
+func try(ctx context.Context, q dbx.Querier, keys []int64, shared bool) (pid uint32, taken int, err error) {
+	if len(keys) > 1 {
+		var n int32
+		err = q.QueryRow(ctx, sqlTryLockAll, keys, false).Scan(&pid, &n)
+		return pid, int(n), err
+	}
+	query, granted := sqlTryLock, false
+	if shared {
+		query = sqlTryLockShared
+	}
+	err = q.QueryRow(ctx, query, keys[0]).Scan(&pid, &granted)
+	if !granted {
+		return pid, 0, err
+	}
+	return pid, 1, err
+}
+
 // refused ends a try that PostgreSQL refused at s.keys[taken], after it
-// granted the keys before that one: it reads who holds the refused key,
-// gives back the keys taken (destroying the session if that is not
-// confirmed), returns conn, and returns the *HeldError (wrapped with the
-// set when the set has several names).
+// granted the keys before that one: see refusal; it then returns conn, or
+// destroys it if giving the keys back was not confirmed.
 func (l *Locker) refused(ctx context.Context, conn *pgxpool.Conn, s lockSet, taken int, op string) error {
+	herr, gaveBack := refusal(ctx, conn, s, taken, op)
+	if gaveBack {
+		conn.Release()
+	} else {
+		l.destroy(conn, s.label, "give back failed")
+	}
+	return herr
+}
+
+// refusal reads, on q, who holds s.keys[taken], and gives back the keys
+// taken before it, reporting whether PostgreSQL confirmed that. It returns
+// the *HeldError (wrapped with the set when the set has several names).
+func refusal(ctx context.Context, q dbx.Querier, s lockSet, taken int, op string) (herr error, gaveBack bool) {
 	key := s.keys[taken]
 	// Who holds it is read only now, on this path: the query reads
 	// pg_locks, which would cost every successful try too.
 	var held []byte
-	if err := conn.QueryRow(ctx, sqlHolders, key).Scan(&held); err != nil {
+	if err := q.QueryRow(ctx, sqlHolders, key).Scan(&held); err != nil {
 		held = nil // the error still says it is held; holders unknown
 	}
+	gaveBack = true
 	if taken > 0 {
-		if released, err := unlockKeys(ctx, conn, s.keys[:taken], false); err != nil || !released {
-			l.destroy(conn, s.label, "give back failed")
-			conn = nil
-		}
+		released, err := unlockKeys(ctx, q, s.keys[:taken], false)
+		gaveBack = err == nil && released
 	}
-	if conn != nil {
-		conn.Release()
-	}
-	herr := &HeldError{Name: s.nameOf(key), Key: key, Holders: decodeHolders(held)}
+	herr = &HeldError{Name: s.nameOf(key), Key: key, Holders: decodeHolders(held)}
 	if len(s.names) > 1 {
-		return s.opErr(op, herr)
+		return s.opErr(op, herr), gaveBack
 	}
-	return herr
+	return herr, gaveBack
 }
 
 // unlockKeys releases the session locks keys (several only exclusive) held
 // by conn's session, and reports whether PostgreSQL confirmed that the
 // session held every one.
-func unlockKeys(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool) (released bool, err error) {
+func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool) (released bool, err error) {
 	switch {
 	case len(keys) > 1:
 		err = conn.QueryRow(ctx, sqlUnlockAll, keys).Scan(&released)

@@ -47,20 +47,30 @@ const answerWait = 250 * time.Millisecond
 // Of several keys, those before the one awaited are then held by conn's
 // session, which is one more reason to destroy it.
 func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool) (pid uint32, abandoned bool, err error) {
-	sql, arg := sqlLock, any(keys[0])
-	switch {
-	case len(keys) > 1:
-		sql, arg = sqlLockAll, keys
-	case shared:
-		sql = sqlLockShared
-	}
+	sql, arg := lockStatement(keys, shared)
 	timeout := lockTimeout(ctx)
 	finished := make(chan struct{})
 	cleaned := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cleaned)
 		byServer := timeout != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
-		l.abandon(conn, keys, byServer, finished)
+		pg := conn.Conn().PgConn()
+		var cancelRequest func(context.Context) error
+		if !l.hooks.noCancelRequest {
+			cancelRequest = pg.CancelRequest
+		}
+		l.abandon(waiter{
+			pid:           pg.PID(),
+			keys:          keys,
+			byServer:      byServer,
+			finished:      finished,
+			cancelRequest: cancelRequest,
+			cancelBackend: func(ctx context.Context) error {
+				_, err := l.pool.Exec(ctx, sqlCancelWaiter, int32(pg.PID()), keys)
+				return err
+			},
+			fail: func() { _ = pg.Conn().SetReadDeadline(aLongTimeAgo) },
+		})
 	})
 	// The statement runs without ctx's cancellation: pgx would close the
 	// connection at once and leave the backend waiting. abandon ends it.
@@ -81,6 +91,18 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	return pid, false, err
 }
 
+// lockStatement returns the blocking acquire of keys and its first
+// argument.
+func lockStatement(keys []int64, shared bool) (string, any) {
+	switch {
+	case len(keys) > 1:
+		return sqlLockAll, keys
+	case shared:
+		return sqlLockShared, keys[0]
+	}
+	return sqlLock, keys[0]
+}
+
 // lockTimeout renders ctx's remaining time as a lock_timeout setting,
 // rounded up to the millisecond, or nil when ctx has no deadline (or one
 // beyond what lock_timeout can express).
@@ -97,31 +119,44 @@ func lockTimeout(ctx context.Context) *string {
 	return &s
 }
 
-// abandon ends the wait of conn for (one of) keys after its context
-// ended; finished closes when the statement has returned. byServer says
-// that the statement carries the deadline as its lock_timeout. It returns
-// when the statement has returned or the unlock timeout has passed; in the
-// latter case it makes the statement fail by closing the socket for
-// reading.
-func (l *Locker) abandon(conn *pgxpool.Conn, keys []int64, byServer bool, finished <-chan struct{}) {
+// A waiter is an abandoned wait, as abandon needs it: the backend and keys
+// it waits for, and the ways to end the wait, which differ between pgx and
+// database/sql.
+type waiter struct {
+	pid      uint32
+	keys     []int64
+	byServer bool            // the statement carries the deadline as its lock_timeout
+	finished <-chan struct{} // closed when the statement has returned
+
+	// cancelRequest sends a cancel request for the statement (nil: there
+	// is no way to); cancelBackend cancels it from another connection;
+	// fail makes the statement fail at once, client-side.
+	cancelRequest func(ctx context.Context) error
+	cancelBackend func(ctx context.Context) error
+	fail          func()
+}
+
+// abandon ends the wait of w after its context ended. It returns when the
+// statement has returned or the unlock timeout has passed; in the latter
+// case it makes the statement fail (w.fail) and waits for it.
+func (l *Locker) abandon(w waiter) {
 	deadline := time.Now().Add(l.cfg.unlockTimeout)
 	answered := func(d time.Duration) bool {
 		t := time.NewTimer(max(d, 0))
 		defer t.Stop()
 		select {
-		case <-finished:
+		case <-w.finished:
 			return true
 		case <-t.C:
 			return false
 		}
 	}
-	pg := conn.Conn().PgConn()
-	if byServer && answered(min(answerWait, time.Until(deadline))) {
+	if w.byServer && answered(min(answerWait, time.Until(deadline))) {
 		return
 	}
-	if !l.hooks.noCancelRequest {
+	if w.cancelRequest != nil {
 		cctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := pg.CancelRequest(cctx)
+		err := w.cancelRequest(cctx)
 		cancel()
 		if err == nil && answered(min(answerWait, time.Until(deadline))) {
 			return
@@ -131,7 +166,7 @@ func (l *Locker) abandon(conn *pgxpool.Conn, keys []int64, byServer bool, finish
 	// another connection, retrying while the pool has none to spare.
 	for {
 		qctx, cancel := context.WithDeadline(context.Background(), deadline)
-		_, err := l.pool.Exec(qctx, sqlCancelWaiter, int32(pg.PID()), keys)
+		err := w.cancelBackend(qctx)
 		cancel()
 		if err == nil {
 			if answered(time.Until(deadline)) {
@@ -146,7 +181,8 @@ func (l *Locker) abandon(conn *pgxpool.Conn, keys []int64, byServer bool, finish
 			break
 		}
 	}
-	// Nothing answered: fail the statement now; the caller destroys conn.
-	_ = pg.Conn().SetReadDeadline(aLongTimeAgo)
-	<-finished
+	// Nothing answered: fail the statement now; the caller destroys the
+	// connection.
+	w.fail()
+	<-w.finished
 }

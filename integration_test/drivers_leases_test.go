@@ -1,0 +1,146 @@
+package integration_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/leases"
+)
+
+func TestDriversLeases(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, 2*time.Minute)
+		const ttl = 2 * time.Second
+		c1 := mustClient(t, d.open(t, u, "c1"), "one", leases.WithPollInterval(200*time.Millisecond))
+		c2 := mustClient(t, d.open(t, u, "c2"), "two", leases.WithPollInterval(200*time.Millisecond))
+
+		l1, err := c1.TryAcquire(ctx, "res", ttl)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		_, err = c2.TryAcquire(ctx, "res", ttl)
+		var held *leases.HeldError
+		if !errors.As(err, &held) || !errors.Is(err, leases.ErrHeld) || held.Holder.Owner != l1.Owner() {
+			t.Fatalf("second TryAcquire: got %v, want a *HeldError naming %s", err, l1.Owner())
+		}
+
+		// Renewals (the keepalive's batch statement) keep it past its TTL.
+		select {
+		case <-l1.Done():
+			t.Fatalf("lease lost while renewed: %v", l1.Err())
+		case <-time.After(2*ttl + 500*time.Millisecond):
+		}
+		row, ok, err := readLease(ctx, admin, "res")
+		if err != nil || !ok || !row.live() || row.Fence != l1.Fence() {
+			t.Fatalf("lease row after 2 TTLs: %+v %v %v; want fence %d, live", row, ok, err, l1.Fence())
+		}
+		if infos, err := c2.List(ctx); err != nil || len(infos) != 1 || infos[0].Owner != l1.Owner() {
+			t.Fatalf("List: %+v, %v", infos, err)
+		}
+
+		// Acquire waits and gets the lease once it is released.
+		type result struct {
+			l   *leases.Lease
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			l, err := c2.Acquire(ctx, "res", ttl)
+			got <- result{l, err}
+		}()
+		select {
+		case r := <-got:
+			t.Fatalf("Acquire returned while the lease was held: %v, %v", r.l, r.err)
+		default:
+		}
+		if err := l1.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		var l2 *leases.Lease
+		select {
+		case r := <-got:
+			if r.err != nil {
+				t.Fatalf("Acquire: %v", r.err)
+			}
+			l2 = r.l
+		case <-time.After(15 * time.Second): // a poll interval away, over database/sql
+			t.Fatal("Acquire did not get the released lease")
+		}
+		if l2.Fence() <= l1.Fence() {
+			t.Fatalf("new fence %d not above %d", l2.Fence(), l1.Fence())
+		}
+
+		// ForceRelease: the holder loses it at its next renewal.
+		if err := c1.ForceRelease(ctx, "res"); err != nil {
+			t.Fatalf("ForceRelease: %v", err)
+		}
+		select {
+		case <-l2.Done():
+		case <-time.After(15 * time.Second): // next renewal within TTL/3
+			t.Fatal("holder did not lose a force-released lease")
+		}
+		if !errors.Is(l2.Err(), leases.ErrLost) {
+			t.Fatalf("Err after ForceRelease: %v, want ErrLost", l2.Err())
+		}
+		if _, err := c1.Get(ctx, "res"); !errors.Is(err, leases.ErrNotHeld) {
+			t.Fatalf("Get after ForceRelease: %v, want ErrNotHeld", err)
+		}
+
+		// Close ends every held grant in one statement (arrays of names).
+		other, err := c2.TryAcquire(ctx, "other", ttl)
+		if err != nil {
+			t.Fatalf("TryAcquire other: %v", err)
+		}
+		if err := c2.Close(); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		if row, ok, err := readLease(ctx, admin, "other"); err != nil || !ok || row.live() {
+			t.Fatalf("lease %q after Close: %+v %v %v; want ended", other.Name(), row, ok, err)
+		}
+	})
+}
+
+func TestDriversFencing(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		h := d.open(t, u, "app")
+		c := mustClient(t, h, "writer")
+		protectedTable(t, admin, "accounts", "id int PRIMARY KEY, balance int NOT NULL")
+
+		l1, err := c.TryAcquire(ctx, "acct", 2*time.Second)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		if err := h.fenced(ctx, l1.Token(), `INSERT INTO accounts (id, balance) VALUES ($1, $2)`, 1, 100); err != nil {
+			t.Fatalf("fenced insert with the current token: %v", err)
+		}
+		stale := l1.Token()
+		if err := l1.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		l2, err := c.TryAcquire(ctx, "acct", 2*time.Second)
+		if err != nil {
+			t.Fatalf("TryAcquire again: %v", err)
+		}
+		if err := h.fenced(ctx, l2.Token(), `UPDATE accounts SET balance = $1 WHERE id = $2`, 200, 1); err != nil {
+			t.Fatalf("fenced update with the new token: %v", err)
+		}
+		err = h.fenced(ctx, stale, `UPDATE accounts SET balance = $1 WHERE id = $2`, 300, 1)
+		var se *fencing.StaleError
+		if !errors.Is(err, fencing.ErrStale) || !fencing.IsStale(err) || !errors.As(err, &se) ||
+			se.PgError == nil || se.PgError.Code != fencing.SQLStateStale || se.Token != stale {
+			t.Fatalf("fenced update with the stale token: %v, want a *StaleError (PF001) for %v", err, stale)
+		}
+		var balance int
+		if err := admin.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 1`).Scan(&balance); err != nil || balance != 200 {
+			t.Fatalf("balance after the rejected write: %d (%v), want 200", balance, err)
+		}
+		if err := h.fenced(ctx, fencing.Token{}, `SELECT 1`); !errors.Is(err, fencing.ErrInvalid) {
+			t.Fatalf("fenced with the zero token: %v, want ErrInvalid", err)
+		}
+	})
+}

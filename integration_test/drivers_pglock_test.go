@@ -1,0 +1,164 @@
+package integration_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/pglock"
+)
+
+// countSessions counts the sessions of application app.
+func countSessions(ctx context.Context, admin *pgxpool.Pool, app string) (int, error) {
+	var n int
+	err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, app).Scan(&n)
+	return n, err
+}
+
+func TestDriversLockExclusive(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		l1 := mustLocker(t, d.open(t, u, "one"))
+		l2 := mustLocker(t, d.open(t, u, "two"))
+
+		lk, err := l1.TryLock(ctx, "job")
+		if err != nil {
+			t.Fatalf("TryLock: %v", err)
+		}
+		_, err = l2.TryLock(ctx, "job")
+		var held *pglock.HeldError
+		if !errors.Is(err, pglock.ErrLocked) || !errors.As(err, &held) || len(held.Holders) != 1 {
+			t.Fatalf("second TryLock: got %v, want a *HeldError naming one holder", err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+		// A confirmed unlock returns the session to the pool: it lives on.
+		if n, err := countSessions(ctx, admin, "one"); err != nil || n == 0 {
+			t.Fatalf("sessions of one after Unlock: %d, %v; want the pinned one back in the pool", n, err)
+		}
+		lk2, err := l2.TryLock(ctx, "job")
+		if err != nil {
+			t.Fatalf("TryLock after Unlock: %v", err)
+		}
+		if err := lk2.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+
+		// Sets: all or none, with the names taken before a refusal given back.
+		all, err := l1.TryLockAll(ctx, "b", "a")
+		if err != nil {
+			t.Fatalf("TryLockAll: %v", err)
+		}
+		if _, err := l2.TryLockAll(ctx, "c", "a"); !errors.Is(err, pglock.ErrLocked) {
+			t.Fatalf("overlapping TryLockAll: got %v, want ErrLocked", err)
+		}
+		c, err := l1.TryLock(ctx, "c")
+		if err != nil {
+			t.Fatalf("TryLock c after a refused set: %v (the refused set kept it)", err)
+		}
+		infos, err := l2.Get(ctx, "a")
+		if err != nil || len(infos) != 1 || !infos[0].Granted {
+			t.Fatalf("Get a: %+v, %v; want one holder", infos, err)
+		}
+		for _, lk := range []*pglock.Lock{c, all} {
+			if err := lk.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock %s: %v", lk.Name(), err)
+			}
+		}
+		locked, err := l2.LockAll(ctx, "a", "b", "c")
+		if err != nil {
+			t.Fatalf("LockAll after Unlock: %v", err)
+		}
+		if err := locked.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+	})
+}
+
+func TestDriversLockLost(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		l := mustLocker(t, d.open(t, u, "holder"), pglock.WithLivenessCheck(50*time.Millisecond, time.Second))
+		lk, err := l.TryLock(ctx, "lost")
+		if err != nil {
+			t.Fatalf("TryLock: %v", err)
+		}
+		mustExec(t, admin, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder' AND datname = current_database()`)
+		// Over pgx the socket tells within milliseconds; over database/sql
+		// the next liveness query, within 50ms + 1s. 10s is generous for a
+		// loaded machine.
+		select {
+		case <-lk.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the Lock's Context did not end after its backend was terminated")
+		}
+		if !errors.Is(lk.Err(), pglock.ErrLost) {
+			t.Fatalf("Err: %v, want ErrLost", lk.Err())
+		}
+		if err := lk.Unlock(ctx); !errors.Is(err, pglock.ErrLost) {
+			t.Fatalf("Unlock after loss: %v, want ErrLost", err)
+		}
+		again, err := l.TryLock(ctx, "lost")
+		if err != nil {
+			t.Fatalf("TryLock after the loss: %v", err)
+		}
+		if err := again.Unlock(ctx); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+	})
+}
+
+// An abandoned wait leaves no backend waiting, and the session that waited
+// is destroyed (its lock state was in doubt), not returned to the pool.
+func TestDriversLockAbandonedWait(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		holder := mustLocker(t, d.open(t, u, "holder"))
+		waiter := mustLocker(t, d.open(t, u, "waiter"))
+		lk, err := holder.TryLock(ctx, "w")
+		if err != nil {
+			t.Fatalf("TryLock: %v", err)
+		}
+		defer func() { _ = lk.Unlock(ctx) }()
+
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() {
+			_, err := waiter.Lock(wctx, "w")
+			errc <- err
+		}()
+		var pid int32
+		mustWait(t, 10*time.Second, "the waiter to queue", func() (bool, error) {
+			err := admin.QueryRow(ctx, `SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+			 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'
+			   AND a.datname = current_database()`).Scan(&pid)
+			return err == nil, nil
+		})
+		cancel()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Lock: %v, want context.Canceled", err)
+			}
+		case <-time.After(15 * time.Second): // the clean-up is bounded by the 5s unlock timeout
+			t.Fatal("Lock did not return after its context was cancelled")
+		}
+		// Lock returns only once the server has ended the wait (pg_locks
+		// shows every database: other subtests run in their own).
+		var waiting int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting); err != nil || waiting != 0 {
+			t.Fatalf("backends still waiting after Lock returned: %d (%v)", waiting, err)
+		}
+		mustWait(t, 5*time.Second, "the waiter's session to be closed", func() (bool, error) {
+			var n int
+			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n)
+			return err == nil && n == 0, err
+		})
+	})
+}

@@ -1,0 +1,212 @@
+package dbx
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// Querier runs statements: *pgxpool.Pool satisfies it, and SQL adapts a
+// database/sql handle to it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Handle is what SQL adapts: *sql.DB, *sql.Conn and *sql.Tx have it.
+type Handle interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// SQL returns h as a Querier.
+func SQL(h Handle) Querier { return sqlQuerier{h} }
+
+type sqlQuerier struct{ h Handle }
+
+func (q sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
+	return row{q.h.QueryRowContext(ctx, query, Args(args)...)}
+}
+
+func (q sqlQuerier) Query(ctx context.Context, query string, args ...any) (pgx.Rows, error) {
+	rs, err := q.h.QueryContext(ctx, query, Args(args)...)
+	if err != nil {
+		return nil, Error(err)
+	}
+	return &rows{rs: rs}, nil
+}
+
+func (q sqlQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
+	res, err := q.h.ExecContext(ctx, query, Args(args)...)
+	if err != nil {
+		return pgconn.CommandTag{}, Error(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return pgconn.CommandTag{}, Error(err)
+	}
+	return pgconn.NewCommandTag(fmt.Sprintf("SELECT %d", n)), nil
+}
+
+// row is a *sql.Row as a pgx.Row.
+type row struct{ r *sql.Row }
+
+func (r row) Scan(dest ...any) error {
+	err := r.r.Scan(scanDests(dest)...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return pgx.ErrNoRows
+	}
+	return Error(err)
+}
+
+// scanDests adapts dest to database/sql where pgx and database/sql
+// differ: a nil destination, which pgx skips and database/sql refuses,
+// becomes a throwaway one; a *json.RawMessage, which database/sql cannot
+// set to NULL, is scanned through a *[]byte.
+func scanDests(dest []any) []any {
+	var out []any
+	for i, d := range dest {
+		var to any
+		switch d := d.(type) {
+		case nil:
+			to = new(any)
+		case *json.RawMessage:
+			to = (*[]byte)(d)
+		default:
+			continue
+		}
+		if out == nil {
+			out = make([]any, len(dest))
+			copy(out, dest)
+		}
+		out[i] = to
+	}
+	if out == nil {
+		return dest
+	}
+	return out
+}
+
+// rows is a *sql.Rows as a pgx.Rows: enough for Next, Scan, Err, Close and
+// pgx.CollectRows; FieldDescriptions, Values, RawValues, Conn and TypeMap report
+// nothing.
+type rows struct {
+	rs  *sql.Rows
+	err error
+	n   int64
+}
+
+func (r *rows) Close() {
+	if err := r.rs.Close(); err != nil && r.err == nil {
+		r.err = Error(err)
+	}
+}
+
+func (r *rows) Err() error {
+	if r.err != nil {
+		return r.err
+	}
+	return Error(r.rs.Err())
+}
+
+func (r *rows) CommandTag() pgconn.CommandTag {
+	return pgconn.NewCommandTag(fmt.Sprintf("SELECT %d", r.n))
+}
+
+func (r *rows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+
+func (r *rows) Next() bool {
+	if r.rs.Next() {
+		r.n++
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *rows) Scan(dest ...any) error {
+	if err := r.rs.Scan(scanDests(dest)...); err != nil {
+		r.err = Error(err)
+		return r.err
+	}
+	return nil
+}
+
+func (r *rows) Values() ([]any, error) { return nil, errors.New("dbx: Values is not supported") }
+func (r *rows) RawValues() [][]byte    { return nil }
+func (r *rows) Conn() *pgx.Conn        { return nil }
+func (r *rows) TypeMap() *pgtype.Map   { return nil }
+
+// Args returns args with each Go slice that lib/pq cannot bind ([]string,
+// []int64, []int32) replaced by its PostgreSQL array literal. args itself
+// is not modified.
+func Args(args []any) []any {
+	var out []any
+	for i, a := range args {
+		var lit string
+		switch v := a.(type) {
+		case []string:
+			lit = textArray(v)
+		case []int64:
+			lit = intArray(v)
+		case []int32:
+			lit = intArray(v)
+		default:
+			continue
+		}
+		if out == nil {
+			out = make([]any, len(args))
+			copy(out, args)
+		}
+		out[i] = lit
+	}
+	if out == nil {
+		return args
+	}
+	return out
+}
+
+// textArray renders ss as a text[] literal: each element double-quoted,
+// with backslash and double quote escaped by a backslash, so that no
+// element is read as NULL, split at a comma or trimmed.
+func textArray(ss []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ {
+			if s[j] == '"' || s[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func intArray[T int32 | int64](ns []T) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, n := range ns {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprint(&b, n)
+	}
+	b.WriteByte('}')
+	return b.String()
+}
