@@ -178,6 +178,7 @@
 //	pgfence.lock.wait.duration  histogram, s   mode, try, outcome
 //	pgfence.lock.hold.duration  histogram, s   mode, outcome
 //	pgfence.lock.lost           counter, {lock} mode, cause
+//	pgfence.lock.held           up-down counter, {lock} mode
 //
 // mode is exclusive or shared; try is true for TryLock, TryRLock and
 // TryLockAll (a set records as one lock, named by Name). The
@@ -188,9 +189,11 @@
 // lost). lost counts each held lock that was lost, by cause: session_ended
 // (the server closed or reset the session: pg_terminate_backend, shutdown,
 // crash), liveness_failed (the liveness check failed or timed out), or
-// not_held (Unlock found that the session no longer held it). With
-// WithNameAttribute(true) every measurement also carries name, the lock
-// name; it is off by default because each name is a separate time series.
+// not_held (Unlock found that the session no longer held it). held is
+// the number of session locks the Locker holds now (a set counts once).
+// With WithNameAttribute(true) every measurement but held also carries
+// name, the lock name; it is off by default because each name is a
+// separate time series.
 // The transaction-scoped calls have no Locker and record nothing.
 //
 // # Logs

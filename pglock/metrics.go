@@ -24,6 +24,7 @@ const (
 	metricWait = "pgfence.lock.wait.duration"
 	metricHold = "pgfence.lock.hold.duration"
 	metricLost = "pgfence.lock.lost"
+	metricHeld = "pgfence.lock.held"
 
 	attrMode    = "mode"    // exclusive | shared
 	attrTry     = "try"     // true for TryLock/TryRLock
@@ -65,9 +66,11 @@ type metrics struct {
 	wait     metric.Float64Histogram
 	hold     metric.Float64Histogram
 	lost     metric.Int64Counter
+	held     metric.Int64UpDownCounter
 
 	waitOpts [2][2][numWaitOutcomes][]metric.RecordOption // [shared][try][outcome]
 	holdOpts [2][2][]metric.RecordOption                  // [shared][lost]
+	heldOpts [2][]metric.AddOption                        // [shared]
 	lostOpts [2][numLostCauses][]metric.AddOption         // [shared][cause]
 }
 
@@ -86,6 +89,7 @@ func newMetrics(mp metric.MeterProvider, nameAttr bool, log *slog.Logger) *metri
 	m.wait = f.Duration(metricWait, "Time from a Lock, RLock, TryLock or TryRLock call to the grant or the failure, connection acquisition included.")
 	m.hold = f.Duration(metricHold, "Time a session advisory lock was held, from the grant to Unlock or loss.")
 	m.lost = f.Counter(metricLost, "{lock}", "Held session advisory locks that were lost (the session died, stopped answering, or no longer held the lock at Unlock).")
+	m.held = f.UpDownCounter(metricHeld, "{lock}", "Session advisory locks held now (a set taken by LockAll or TryLockAll counts once).")
 	if err := f.Err(); err != nil {
 		log.Warn("pglock: metric instruments unavailable; using no-op instruments", slog.Any("err", err))
 	}
@@ -102,6 +106,7 @@ func newMetrics(mp metric.MeterProvider, nameAttr bool, log *slog.Logger) *metri
 			set := attribute.NewSet(mode, attribute.String(attrOutcome, outcome))
 			m.holdOpts[s][l] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		}
+		m.heldOpts[s] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(mode))}
 		for c := range numLostCauses {
 			set := attribute.NewSet(mode, attribute.String(attrCause, lostCauseNames[c]))
 			m.lostOpts[s][c] = []metric.AddOption{metric.WithAttributeSet(set)}
@@ -139,6 +144,13 @@ func (m *metrics) recordHold(name string, shared, lost bool, granted, now time.T
 		opts = append(opts[:len(opts):len(opts)], metric.WithAttributes(attribute.String(attrName, name)))
 	}
 	m.hold.Record(context.Background(), now.Sub(granted).Seconds(), opts...)
+}
+
+// recordHeld adds delta (+1 at a grant, -1 when the hold ends) to the
+// locks held now. No name attribute: the gauge counts, and a name that
+// was added would have to be subtracted with the same attributes.
+func (m *metrics) recordHeld(shared bool, delta int64) {
+	m.held.Add(context.Background(), delta, m.heldOpts[b2i(shared)]...)
 }
 
 // recordLost counts one lost lock.

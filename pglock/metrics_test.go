@@ -173,6 +173,9 @@ func TestMetricsLostWithName(t *testing.T) {
 	if p := metrictest.Find(t, got, metricWait, "mode=exclusive,name=victim,outcome=acquired,try=false"); p.Count != 1 {
 		t.Errorf("waits = %d, want 1", p.Count)
 	}
+	if p := metrictest.Find(t, got, metricHeld, "mode=exclusive"); p.Sum != 0 {
+		t.Errorf("held after the loss = %v, want 0", p.Sum)
+	}
 	if err := lk.Unlock(ctx); !errors.Is(err, ErrLost) {
 		t.Errorf("Unlock after loss = %v, want ErrLost", err)
 	}
@@ -184,6 +187,42 @@ func TestMetricsLostWithName(t *testing.T) {
 	if n := metrictest.Total(got, metricLost); n != 1 {
 		t.Errorf("lost after Unlock = %v, want still 1", n)
 	}
+}
+
+// pgfence.lock.held counts the Locks held now, by mode; a set counts once.
+func TestMetricsHeld(t *testing.T) {
+	t.Parallel()
+	mr := metrictest.New(t)
+	_, l := setup(t, WithMeterProvider(mr.MP))
+	ctx := testContext(t)
+	held := func(want map[string]float64) {
+		t.Helper()
+		got := mr.Collect(t)
+		for attrs, n := range want {
+			if p := metrictest.Find(t, got, metricHeld, attrs); p.Sum != n {
+				t.Errorf("held %s = %v, want %v", attrs, p.Sum, n)
+			}
+		}
+	}
+	a, err := l.Lock(ctx, "held/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.RLock(ctx, "held/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := l.TryLockAll(ctx, "held/c", "held/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held(map[string]float64{"mode=exclusive": 2, "mode=shared": 1})
+	for _, lk := range []*Lock{a, b, set} {
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held(map[string]float64{"mode=exclusive": 0, "mode=shared": 0})
 }
 
 // Without WithMeterProvider a Locker records on the global provider (a

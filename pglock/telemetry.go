@@ -23,6 +23,7 @@ func (t *telemetry) waitFailed(ctx context.Context, name string, md mode, o wait
 // acquired records the grant of lk, asked for at start.
 func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.Time) {
 	t.m.recordWait(ctx, lk.label, md, waitAcquired, start, lk.since)
+	t.m.recordHeld(lk.shared, 1)
 	if t.log.Enabled(ctx, slog.LevelDebug) {
 		t.log.Debug("pglock: lock acquired", slog.String("name", lk.label), lk.keyAttr(),
 			slog.String("mode", modeName(lk.shared)), slog.Uint64("pid", uint64(lk.pid)),
@@ -33,6 +34,7 @@ func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.
 // unlocked records the end of lk's hold by Unlock.
 func (t *telemetry) unlocked(lk *Lock) {
 	now := time.Now()
+	t.m.recordHeld(lk.shared, -1)
 	t.m.recordHold(lk.label, lk.shared, false, lk.since, now)
 	if t.log.Enabled(context.Background(), slog.LevelDebug) {
 		t.log.Debug("pglock: lock released", slog.String("name", lk.label), lk.keyAttr(),
@@ -51,6 +53,7 @@ func (t *telemetry) unlockFailed(lk *Lock, err error) {
 // nil, is what showed it).
 func (t *telemetry) lost(lk *Lock, why lostCause, err error) {
 	now := time.Now()
+	t.m.recordHeld(lk.shared, -1)
 	t.m.recordHold(lk.label, lk.shared, true, lk.since, now)
 	t.m.recordLost(lk.label, lk.shared, why)
 	attrs := []any{

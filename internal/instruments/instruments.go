@@ -53,6 +53,18 @@ func (f *Factory) Counter(name, unit, desc string) metric.Int64Counter {
 	return c
 }
 
+// UpDownCounter returns an int64 up-down counter with the given UCUM unit,
+// or a no-op one if the provider refuses it: a gauge kept by Add(+1) and
+// Add(-1), which needs no callback and so no unregistering.
+func (f *Factory) UpDownCounter(name, unit, desc string) metric.Int64UpDownCounter {
+	c, err := f.meter.Int64UpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	if err != nil || c == nil {
+		f.errs = append(f.errs, err)
+		return noop.Int64UpDownCounter{}
+	}
+	return c
+}
+
 // Err reports the instruments the provider refused (replaced by no-ops),
 // or nil.
 func (f *Factory) Err() error { return errors.Join(f.errs...) }
