@@ -1,6 +1,6 @@
--- Reverts 000007_fast_paths.up.sql: migration 4's and 5's definitions of
--- lock_key, wait_key, both try_acquire functions and try_acquire_slot,
--- verbatim, and the CHECK constraints of pgfence.leases.
+-- Reverts 000007_fast_paths.up.sql: the definitions migrations 1 to 6 gave
+-- lock_key, wait_key, both try_acquire functions, try_acquire_slot and
+-- release, verbatim, and the CHECK constraints of pgfence.leases.
 BEGIN;
 
 CREATE OR REPLACE FUNCTION pgfence.lock_key(name text) RETURNS bigint
@@ -202,6 +202,26 @@ BEGIN
     END IF;
     RETURN QUERY SELECT false, NULL::integer, NULL::text, NULL::text, NULL::bigint,
                         NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, 0::bigint;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgfence.release(lease text, lease_owner text, lease_fence bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    now  timestamptz := clock_timestamp();
+    live boolean;
+BEGIN
+    UPDATE pgfence.leases AS l
+       SET expires_at = least(l.expires_at, now)
+     WHERE l.name = lease AND l.owner = lease_owner AND l.fence = lease_fence
+    RETURNING l.expires_at = now INTO live;
+    IF live THEN
+        PERFORM pgfence.notify_waiters(lease);
+    END IF;
+    RETURN live;
 END
 $$;
 
