@@ -105,6 +105,15 @@ func (c *Client) wakeQueue(name string) {
 // returns an error naming the setting and writes nothing. opts configure
 // the grant (WithData).
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
+	return c.take(ctx, name, ttl, opts, false, func(ctx context.Context, ac acquireConfig) (*Lease, error) {
+		return c.acquire(ctx, name, ttl, ac)
+	})
+}
+
+// take is Acquire and TryAcquire around attempt: it validates the input,
+// then runs attempt in the acquire span and records its outcome.
+func (c *Client) take(ctx context.Context, name string, ttl time.Duration, opts []AcquireOption, try bool,
+	attempt func(ctx context.Context, ac acquireConfig) (*Lease, error)) (*Lease, error) {
 	if err := validate(name, ttl); err != nil {
 		return nil, err
 	}
@@ -117,9 +126,9 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, op
 	}
 	start := time.Now()
 	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
-	l, err := c.acquire(sctx, name, ttl, ac)
+	l, err := attempt(sctx, ac)
 	span.End(fenceOf(l), err)
-	c.m.recordAcquire(ctx, name, false, acquireOutcomeOf(ctx, l, err), start)
+	c.m.recordAcquire(ctx, name, try, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
 }
 
@@ -202,25 +211,13 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 // returns an error naming the setting and writes nothing. opts configure
 // the grant (WithData); the HeldError's Holder carries the holder's data.
 func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
-	if err := validate(name, ttl); err != nil {
-		return nil, err
-	}
-	ac, err := acquireOptions(opts)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.usable(ctx); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
-	l, holder, _, err := c.grant(sctx, name, ttl, ac)
-	if err == nil && l == nil {
-		err = &HeldError{Holder: holder}
-	}
-	span.End(fenceOf(l), err)
-	c.m.recordAcquire(ctx, name, true, acquireOutcomeOf(ctx, l, err), start)
-	return l, err
+	return c.take(ctx, name, ttl, opts, true, func(ctx context.Context, ac acquireConfig) (*Lease, error) {
+		l, holder, _, err := c.grant(ctx, name, ttl, ac)
+		if err == nil && l == nil {
+			err = &HeldError{Holder: holder}
+		}
+		return l, err
+	})
 }
 
 // fenceOf is l's fence, or 0 for no lease.
