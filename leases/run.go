@@ -96,15 +96,8 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			d := jitter(backoff)
 			backoff = min(backoff*2, c.cfg.pollInterval)
 			c.log.Warn("leases: campaign failed; retrying", "name", name, "err", err, "retry", d)
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-c.shutdown.Done():
-				t.Stop()
-				return ErrClosed
+			if stop, err := c.pause(ctx, d); stop {
+				return err
 			}
 			continue
 		}
@@ -121,15 +114,8 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			// candidates, woken by the release, for a TTL before
 			// campaigning again.
 			c.log.Info("leases: handed leadership over; campaigning again after a TTL", "name", name, "fence", l.fence, "err", err)
-			t := time.NewTimer(ttl)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-c.shutdown.Done():
-				t.Stop()
-				return ErrClosed
+			if stop, err := c.pause(ctx, ttl); stop {
+				return err
 			}
 		case errors.Is(err, ErrLost):
 			c.log.Warn("leases: leadership lost; campaigning again", "name", name, "fence", l.fence, "err", err)
@@ -138,5 +124,20 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		default:
 			return err
 		}
+	}
+}
+
+// pause waits d between Lead's campaigns. stop says that Lead ends: with
+// nil when ctx ended, with ErrClosed when the client closed.
+func (c *Client) pause(ctx context.Context, d time.Duration) (stop bool, err error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return true, nil
+	case <-c.shutdown.Done():
+		return true, ErrClosed
 	}
 }
