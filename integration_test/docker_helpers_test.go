@@ -87,14 +87,6 @@ func composeCommand(t *testing.T) []string {
 	return nil
 }
 
-// imageEnv returns name's value, or def.
-func imageEnv(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 var buildMu sync.Mutex
 
 // buildPgfenceImage builds the repository's Dockerfile into a new tag that

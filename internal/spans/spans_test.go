@@ -44,7 +44,7 @@ func TestExplicitProviderRecords(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, a := range ended[0].Attributes() {
-		got[string(a.Key)] = a.Value.Emit()
+		got[string(a.Key)] = a.Value.String()
 	}
 	if got[AttrName] != "job" || got[AttrFence] != "7" || ended[0].Status().Description != "boom" {
 		t.Errorf("attributes %v, status %v; want name job, fence 7, error boom", got, ended[0].Status())
