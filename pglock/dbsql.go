@@ -206,46 +206,9 @@ func (lk *Lock) monitorDB() {
 			if errors.Is(err, context.DeadlineExceeded) {
 				why = lostLivenessFailed
 			}
-			sc := lk.sc
-			lk.sc = nil
-			lk.l.discard(sc, lk.label, lk.pid, "lock lost")
-			lk.l.tel.lost(lk, why, err) // before the context ends, as in lose
-			lk.cancel(ErrLost)
+			lk.lose(why, err)
 			return
 		}
 		t.Reset(cfg.interval)
 	}
-}
-
-// unlockDB is unlock over database/sql.
-func (lk *Lock) unlockDB(ctx context.Context) error {
-	close(lk.stop)
-	<-lk.done // at once, or after a liveness query in flight
-	sc := lk.sc
-	lk.sc = nil
-	if sc == nil {
-		return lk.opErr("unlock", context.Cause(lk.ctx)) // lost; the monitor said so
-	}
-	if ctx == nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.Background(), lk.l.cfg.unlockTimeout)
-		defer cancel()
-	}
-	released, err := unlockKeys(ctx, dbx.SQL(sc), lk.keys, lk.shared)
-	switch {
-	case err != nil:
-		lk.l.discard(sc, lk.label, lk.pid, "unlock failed")
-		lk.l.tel.unlocked(lk)
-		lk.cancel(ErrUnlocked)
-		return lk.opErr("unlock", err)
-	case !released:
-		lk.l.discard(sc, lk.label, lk.pid, "unlock returned false")
-		lk.l.tel.lost(lk, lostNotHeld, nil)
-		lk.cancel(ErrLost)
-		return lk.opErr("unlock", ErrLost)
-	}
-	_ = sc.Close() // back to db's pool
-	lk.l.tel.unlocked(lk)
-	lk.cancel(ErrUnlocked)
-	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // A Lock is a held session-scoped advisory lock, or a set of them taken
@@ -156,25 +158,22 @@ func (lk *Lock) Unlock(ctx context.Context) error {
 }
 
 func (lk *Lock) unlock(ctx context.Context) error {
-	if lk.l.db != nil {
-		return lk.unlockDB(ctx)
-	}
 	lk.stopMonitor()
-	conn := lk.conn
-	lk.conn = nil
-	if conn == nil {
+	if lk.conn == nil && lk.sc == nil {
 		return lk.opErr("unlock", context.Cause(lk.ctx)) // lost; the monitor said so
 	}
-	_ = lk.nc.SetDeadline(time.Time{}) // clear what the monitor left
+	if lk.nc != nil {
+		_ = lk.nc.SetDeadline(time.Time{}) // clear what the monitor left
+	}
 	if ctx == nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.Background(), lk.l.cfg.unlockTimeout)
 		defer cancel()
 	}
-	released, err := unlockKeys(ctx, conn, lk.keys, lk.shared)
+	released, err := unlockKeys(ctx, lk.session(), lk.keys, lk.shared)
 	switch {
 	case err != nil:
-		lk.l.destroy(conn, lk.label, "unlock failed")
+		lk.drop("unlock failed")
 		lk.l.tel.unlocked(lk)
 		lk.cancel(ErrUnlocked)
 		return lk.opErr("unlock", err) // the connection was closed, which released the lock
@@ -182,13 +181,47 @@ func (lk *Lock) unlock(ctx context.Context) error {
 		// The session did not hold the lock (or one of the set):
 		// something outside pglock released it. Nobody can trust what
 		// this session holds.
-		lk.l.destroy(conn, lk.label, "unlock returned false")
+		lk.drop("unlock returned false")
 		lk.l.tel.lost(lk, lostNotHeld, nil)
 		lk.cancel(ErrLost)
 		return lk.opErr("unlock", ErrLost)
 	}
-	conn.Release()
+	lk.giveBack()
 	lk.l.tel.unlocked(lk)
 	lk.cancel(ErrUnlocked)
 	return nil
+}
+
+// session is the pinned session, over pgx or database/sql.
+func (lk *Lock) session() dbx.Querier {
+	if lk.sc != nil {
+		return dbx.SQL(lk.sc)
+	}
+	return lk.conn
+}
+
+// drop closes the pinned session, which releases every session lock it
+// holds, because its lock state is in doubt; the Lock has none after.
+func (lk *Lock) drop(why string) {
+	if sc := lk.sc; sc != nil {
+		lk.sc = nil
+		lk.l.discard(sc, lk.label, lk.pid, why)
+		return
+	}
+	conn := lk.conn
+	lk.conn = nil
+	lk.l.destroy(conn, lk.label, why)
+}
+
+// giveBack returns the pinned session to its pool; the Lock has none
+// after.
+func (lk *Lock) giveBack() {
+	if sc := lk.sc; sc != nil {
+		lk.sc = nil
+		_ = sc.Close() // back to db's pool
+		return
+	}
+	conn := lk.conn
+	lk.conn = nil
+	conn.Release()
 }

@@ -109,13 +109,18 @@ func (lk *Lock) stopped() bool {
 // timeout). Unlock calls it, once.
 //
 // It closes stop and stops the start timer; if the monitor runs, it then,
-// holding mu, sets a read deadline in the past. The
+// holding mu, sets a read deadline in the past. Over database/sql (no start
+// timer, no socket) it closes stop and waits for monitorDB. The
 // monitor sets a watch's deadline only while holding mu and after checking
 // stop: so either it sees stop and does not watch, or its watch, under way
 // or about to begin, ends at once on this deadline. A probe holds mu, so
 // the deadline never cuts one short.
 func (lk *Lock) stopMonitor() {
 	close(lk.stop)
+	if lk.start == nil {
+		<-lk.done // monitorDB: at once, or after a liveness query in flight
+		return
+	}
 	if lk.start.Stop() {
 		return // the monitor never started, and never will: conn is Unlock's
 	}
@@ -129,9 +134,7 @@ func (lk *Lock) stopMonitor() {
 // connection, records the loss and ends the Lock's context. Only the
 // monitor calls it, while it owns the connection.
 func (lk *Lock) lose(why lostCause, err error) {
-	conn := lk.conn
-	lk.conn = nil
-	lk.l.destroy(conn, lk.label, "lock lost")
+	lk.drop("lock lost")
 	lk.l.tel.lost(lk, why, err) // before the context ends: whoever sees Done sees the metrics
 	lk.cancel(ErrLost)
 }
