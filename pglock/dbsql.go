@@ -165,19 +165,8 @@ func (l *Locker) discard(sc *sql.Conn, name string, pid uint32, why string) {
 }
 
 func newLockDB(l *Locker, sc *sql.Conn, s lockSet, shared bool, pid uint32, since time.Time) *Lock {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	lk := &Lock{
-		l:       l,
-		lockSet: s,
-		shared:  shared,
-		since:   since,
-		pid:     pid,
-		ctx:     ctx,
-		cancel:  cancel,
-		sc:      sc,
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
-	}
+	lk := newHold(l, s, shared, pid, since)
+	lk.sc = sc
 	go lk.monitorDB()
 	return lk
 }

@@ -55,22 +55,28 @@ type Lock struct {
 const monitorStartDelay = 50 * time.Millisecond
 
 func newLock(l *Locker, conn *pgxpool.Conn, s lockSet, shared bool, since time.Time) *Lock {
+	lk := newHold(l, s, shared, conn.Conn().PgConn().PID(), since)
+	lk.conn = conn
+	lk.nc = conn.Conn().PgConn().Conn()
+	lk.start = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
+	return lk
+}
+
+// newHold is what newLock and newLockDB share: a Lock of s, granted at
+// since to backend pid, without its session and monitor.
+func newHold(l *Locker, s lockSet, shared bool, pid uint32, since time.Time) *Lock {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	lk := &Lock{
+	return &Lock{
 		l:       l,
 		lockSet: s,
 		shared:  shared,
 		since:   since,
-		pid:     conn.Conn().PgConn().PID(),
-		nc:      conn.Conn().PgConn().Conn(),
+		pid:     pid,
 		ctx:     ctx,
 		cancel:  cancel,
-		conn:    conn,
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	lk.start = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
-	return lk
 }
 
 // nilLock is what a nil *Lock answers: a context ended with an invalid
