@@ -51,39 +51,9 @@ func BeginDB(ctx context.Context, db SQLBeginner, tok Token, opts *sql.TxOptions
 // returned unchanged. ctx bounds the whole transaction; fn should pass it
 // to the statements it runs on tx. opts are InTx's: the span
 // pgfence.fenced_tx and the rejection counter are the same.
-func InDBTx(ctx context.Context, db SQLBeginner, tok Token, fn func(tx *sql.Tx) error, opts ...Option) (err error) {
-	if fn == nil {
-		return fmt.Errorf("%w: fn must not be nil", ErrInvalid)
-	}
-	tr, rejected, err := telemetryOf(opts)
-	if err != nil {
-		return err
-	}
-	if ctx == nil {
-		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
-	}
-	ctx, span := tr.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
-	defer func() { span.End(0, err) }()
-	tx, err := BeginDB(ctx, db, tok, nil)
-	if err != nil {
-		return err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback() // the failure being reported matters more
-		}
-	}()
-	if err := fn(tx); err != nil {
-		err = classify(tok, err)
-		rejected.record(ctx, err)
-		return err
-	}
-	committed = true
-	if err := tx.Commit(); err != nil {
-		err = classify(tok, fmt.Errorf("fencing: commit: %w", err))
-		rejected.record(ctx, err)
-		return err
-	}
-	return nil
+func InDBTx(ctx context.Context, db SQLBeginner, tok Token, fn func(tx *sql.Tx) error, opts ...Option) error {
+	return inTx(ctx, tok, fn, opts,
+		func(ctx context.Context) (*sql.Tx, error) { return BeginDB(ctx, db, tok, nil) },
+		func(_ context.Context, tx *sql.Tx) error { return tx.Commit() },
+		func(_ context.Context, tx *sql.Tx) { _ = tx.Rollback() }) // the failure being reported matters more
 }

@@ -164,3 +164,19 @@ func TestNilProviderInvalid(t *testing.T) {
 		t.Errorf("InTx with the zero Option: %v", err)
 	}
 }
+
+// A nil context is invalid also when a tracer provider records spans:
+// the check comes before the span (which would read the context).
+func TestNilContextWithTracer(t *testing.T) {
+	t.Parallel()
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	pool := setup(t)
+	tok := grant(t, pool, "nilctx", time.Minute)
+	var nilCtx context.Context
+	ran := false
+	err := fencing.InTx(nilCtx, pool, tok, func(pgx.Tx) error { ran = true; return nil }, fencing.WithTracerProvider(tp))
+	if !errors.Is(err, fencing.ErrInvalid) || ran {
+		t.Errorf("InTx(nil ctx) with a tracer: %v, fn ran %v; want ErrInvalid, fn not run", err, ran)
+	}
+}

@@ -125,7 +125,20 @@ type txBeginner interface {
 // pgfence.fenced_writes.rejected (see the package documentation's
 // Telemetry section). Without options both use the global providers, and
 // until the application installs a tracer provider InTx starts no span.
-func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts ...Option) (err error) {
+func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts ...Option) error {
+	return inTx(ctx, tok, fn, opts,
+		func(ctx context.Context) (pgx.Tx, error) { return Begin(ctx, db, tok) },
+		func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+		rollback)
+}
+
+// inTx is InTx and InDBTx over a transaction of type T: it checks fn and
+// ctx, then, in the span, begins with begin, runs fn and commits, rolling
+// back (abort) on any failure or panic, and classifies and counts what is
+// rejected.
+func inTx[T any](ctx context.Context, tok Token, fn func(tx T) error, opts []Option,
+	begin func(ctx context.Context) (T, error), commit func(ctx context.Context, tx T) error,
+	abort func(ctx context.Context, tx T)) (err error) {
 	if fn == nil {
 		return fmt.Errorf("%w: fn must not be nil", ErrInvalid)
 	}
@@ -133,16 +146,19 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 	if err != nil {
 		return err
 	}
+	if ctx == nil { // before the span, which would start from it
+		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
+	}
 	ctx, span := tr.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
 	defer func() { span.End(0, err) }()
-	tx, err := Begin(ctx, db, tok)
+	tx, err := begin(ctx)
 	if err != nil {
 		return err
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			rollback(ctx, tx)
+			abort(ctx, tx)
 		}
 	}()
 	if err := fn(tx); err != nil {
@@ -151,7 +167,7 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 		return err
 	}
 	committed = true
-	if err := tx.Commit(ctx); err != nil {
+	if err := commit(ctx, tx); err != nil {
 		err = classify(tok, fmt.Errorf("fencing: commit: %w", err))
 		rejected.record(ctx, err)
 		return err
