@@ -321,7 +321,7 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 		}
 		defer conn.Close()
 		q = dbx.SQL(conn)
-		if err := q.QueryRow(ctx, sqlBackendPID).Scan(&pid); err != nil {
+		if pid, err = dbx.BackendPID(ctx, q); err != nil {
 			return nil, nil, err
 		}
 	}

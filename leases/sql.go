@@ -126,10 +126,3 @@ const (
 	// fenced transaction: true recorded, false recorded before.
 	sqlMarkDone = `SELECT pgfence.mark_done($1, $2)`
 )
-
-// Statements of the database/sql path (NewDB).
-const (
-	// sqlBackendPID reads the pinned connection's backend, whose blockers
-	// ForceRelease names (pgx knows it without asking).
-	sqlBackendPID = `SELECT pg_backend_pid()`
-)

@@ -116,8 +116,8 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 // server, with abandoned true (the caller must then discard sc).
 func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared bool) (pid uint32, abandoned bool, err error) {
 	q := dbx.SQL(sc)
-	var backend uint32 // for cancelling the wait from another connection
-	if err := q.QueryRow(ctx, sqlBackendPID).Scan(&backend); err != nil {
+	backend, err := dbx.BackendPID(ctx, q) // for cancelling the wait from another connection
+	if err != nil {
 		return 0, false, err
 	}
 	query, arg := lockStatement(keys, shared)

@@ -144,11 +144,3 @@ WITH mine AS (
 SELECT pg_backend_pid(),
        EXISTS (SELECT 1 FROM mine WHERE pid = pg_backend_pid()),
        COALESCE((SELECT min(pid) FROM mine WHERE pid <> pg_backend_pid()), 0)`
-
-// Statements of the database/sql path (NewDB).
-const (
-	// sqlBackendPID reads the pinned session's backend before a blocking
-	// acquire, so that an abandoned wait can be cancelled from another
-	// connection (pgx knows the pid without asking).
-	sqlBackendPID = `SELECT pg_backend_pid()`
-)

@@ -28,6 +28,16 @@ type Handle interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
+// BackendPID returns the backend of the session q is pinned to (a
+// *sql.Conn adapted by SQL): pgx knows it without asking, database/sql
+// does not, and pglock and leases need it to cancel a wait or name what
+// blocks it from another connection.
+func BackendPID(ctx context.Context, q Querier) (uint32, error) {
+	var pid uint32
+	err := q.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+	return pid, err
+}
+
 // SQL returns h as a Querier.
 func SQL(h Handle) Querier { return sqlQuerier{h} }
 
