@@ -1,13 +1,13 @@
 package fencing_test
 
 import (
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // BenchmarkFencedUpdate measures what fencing costs one UPDATE of one row:
@@ -147,22 +147,7 @@ func BenchmarkManyWriters(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			before := nextMulti()
 			b.ResetTimer()
-			var wg sync.WaitGroup
-			for g := range goroutines {
-				n := b.N / goroutines
-				if g < b.N%goroutines {
-					n++
-				}
-				wg.Go(func() {
-					for i := range n {
-						if err := write(fenced, g, i); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
+			pgtest.Split(b, goroutines, func(g, i int) error { return write(fenced, g, i) })
 			b.StopTimer()
 			b.ReportMetric(float64(nextMulti()-before)*10000/float64(b.N), "multixacts/10k-writes")
 		})

@@ -62,24 +62,12 @@ func rawAcquireRelease(ctx context.Context, pool *pgxpool.Pool, name string) err
 // lease name.
 func parallel(b *testing.B, g int, op func(ctx context.Context, name string) error) {
 	ctx := context.Background()
-	b.ResetTimer()
-	var wg sync.WaitGroup
-	for i := range g {
-		n := b.N / g
-		if i < b.N%g {
-			n++
-		}
-		wg.Go(func() {
-			name := fmt.Sprintf("bench/%d", i)
-			for range n {
-				if err := op(ctx, name); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
+	names := make([]string, g)
+	for i := range names {
+		names[i] = fmt.Sprintf("bench/%d", i)
 	}
-	wg.Wait()
+	b.ResetTimer()
+	pgtest.Split(b, g, func(i, _ int) error { return op(ctx, names[i]) })
 }
 
 // BenchmarkHandover measures release → the waiting acquirer (another

@@ -401,3 +401,25 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(10 * time.Millisecond) // polling: no event announces the condition
 	}
 }
+
+// Split runs b.N calls of op spread over goroutines goroutines, op(g, i)
+// being goroutine g's i-th call, and waits for them. A goroutine whose op
+// fails reports the error on b and stops.
+func Split(b *testing.B, goroutines int, op func(g, i int) error) {
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		n := b.N / goroutines
+		if g < b.N%goroutines {
+			n++
+		}
+		wg.Go(func() {
+			for i := range n {
+				if err := op(g, i); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
