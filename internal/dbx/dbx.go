@@ -83,25 +83,35 @@ func (r row) Scan(dest ...any) error {
 // becomes a throwaway one; a *json.RawMessage, which database/sql cannot
 // set to NULL, is scanned through a *[]byte.
 func scanDests(dest []any) []any {
-	var out []any
-	for i, d := range dest {
-		var to any
+	return replaced(dest, func(d any) (any, bool) {
 		switch d := d.(type) {
 		case nil:
-			to = new(any)
+			return new(any), true
 		case *json.RawMessage:
-			to = (*[]byte)(d)
-		default:
+			return (*[]byte)(d), true
+		}
+		return nil, false
+	})
+}
+
+// replaced returns xs with each element that f replaces (ok) swapped for
+// f's value, copying xs only if f replaces one: the caller's slice is
+// never modified.
+func replaced(xs []any, f func(x any) (any, bool)) []any {
+	var out []any
+	for i, x := range xs {
+		y, ok := f(x)
+		if !ok {
 			continue
 		}
 		if out == nil {
-			out = make([]any, len(dest))
-			copy(out, dest)
+			out = make([]any, len(xs))
+			copy(out, xs)
 		}
-		out[i] = to
+		out[i] = y
 	}
 	if out == nil {
-		return dest
+		return xs
 	}
 	return out
 }
@@ -160,29 +170,17 @@ func (r *rows) TypeMap() *pgtype.Map   { return nil }
 // []int64, []int32) replaced by its PostgreSQL array literal. args itself
 // is not modified.
 func Args(args []any) []any {
-	var out []any
-	for i, a := range args {
-		var lit string
+	return replaced(args, func(a any) (any, bool) {
 		switch v := a.(type) {
 		case []string:
-			lit = textArray(v)
+			return textArray(v), true
 		case []int64:
-			lit = intArray(v)
+			return intArray(v), true
 		case []int32:
-			lit = intArray(v)
-		default:
-			continue
+			return intArray(v), true
 		}
-		if out == nil {
-			out = make([]any, len(args))
-			copy(out, args)
-		}
-		out[i] = lit
-	}
-	if out == nil {
-		return args
-	}
-	return out
+		return nil, false
+	})
 }
 
 // textArray renders ss as a text[] literal: each element double-quoted,
