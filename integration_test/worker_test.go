@@ -65,6 +65,7 @@ type worker struct {
 	stdin  io.WriteCloser
 	events chan event
 	exited chan struct{} // closed when the process has exited and stdout is drained
+	ended  chan struct{} // closed when the test ends: events are no longer read
 
 	// Only the test's goroutine touches these.
 	seen    []event // every event read so far, in order
@@ -87,7 +88,8 @@ func startWorker(t *testing.T, cfg workerConfig) *worker {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorker$", "-test.count=1", "-test.v=false", "-test.timeout=5m")
 	cmd.Env = append(os.Environ(), workerEnv+"="+string(js))
 	setPdeathsig(cmd) // a worker never outlives a crashed parent
-	w := &worker{t: t, id: cfg.ID, cmd: cmd, events: make(chan event, 4096), exited: make(chan struct{})}
+	w := &worker{t: t, id: cfg.ID, cmd: cmd, events: make(chan event, 4096),
+		exited: make(chan struct{}), ended: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{w: &w.output, mu: &w.mu}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -107,7 +109,10 @@ func startWorker(t *testing.T, cfg workerConfig) *worker {
 			line := sc.Bytes()
 			var ev event
 			if len(line) > 0 && line[0] == '{' && json.Unmarshal(line, &ev) == nil && ev.Ev != "" {
-				w.events <- ev
+				select {
+				case w.events <- ev:
+				case <-w.ended: // nobody reads them any more: drain stdout so that the process can exit
+				}
 				continue
 			}
 			w.mu.Lock()
@@ -122,6 +127,7 @@ func startWorker(t *testing.T, cfg workerConfig) *worker {
 		close(w.events)
 	}()
 	t.Cleanup(func() {
+		close(w.ended)
 		_ = w.stdin.Close()
 		select {
 		case <-w.exited:
