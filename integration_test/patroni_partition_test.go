@@ -69,7 +69,7 @@ func TestPatroniPartition(t *testing.T) {
 				defer cancel()
 				l, err := near.TryAcquire(octx, "ha/far", 30*time.Second)
 				taken = l
-				return err == nil, nil
+				return err == nil, err // the last error is reported if it never is
 			})
 			takenAt := time.Now()
 			fr := fw.stop()
