@@ -58,6 +58,7 @@ type Client struct {
 	held      map[string]*Lease // by name: renewed by the keepalive
 	releasing map[string]int    // names whose Release has not returned yet
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
+	dl        deadlines         // held leases' local deadlines (deadline.go)
 	orphans   []*Lease          // lost at the local deadline; grants to end
 	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
@@ -164,6 +165,7 @@ func (c *Client) Close() error {
 			c.m.recordHold(l, false, now)
 			l.cancel(cause)
 		}
+		c.stopDeadlinesLocked()
 		held = append(held, c.orphans...)
 		c.orphans = nil
 		c.mu.Unlock()

@@ -208,8 +208,7 @@ func TestSetDataRacingTakeover(t *testing.T) {
 func pause(c *Client, l *Lease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l.timer.Stop()
-	l.deadline = time.Now().Add(time.Hour)
+	c.setDeadlineLocked(l, time.Now().Add(time.Hour))
 }
 
 // waitExpired waits until the named lease's grant has expired by the

@@ -53,16 +53,15 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	if !time.Now().Before(l.deadline) {
 		// The answer came after the old deadline: the lease is being lost
-		// (its timer is due); the new grant does not revive it.
+		// (its deadline is due); the new grant does not revive it.
 		return fmt.Errorf("extend %q: the answer arrived after the local deadline: %w", l.name, ErrLost)
 	}
 	// renewMu makes this the newest renewal of the grant: its deadline
 	// holds, later or sooner.
 	l.ttl = ttl
-	l.deadline = start.Add(ttl - margin(ttl))
+	c.setDeadlineLocked(l, start.Add(ttl-margin(ttl)))
 	l.nextRenew = start.Add(ttl / 3)
 	l.expiresAt = *expiresAt
-	l.timer.Reset(time.Until(l.deadline))
 	if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
 		c.nextDue = l.nextRenew
 		c.kickKeepalive()

@@ -9,10 +9,10 @@ import (
 // The keepalive is one goroutine per Client. It sleeps until the earliest
 // lease is due (its last request start + TTL/3), then renews every lease
 // due within the next TTL/12 with one statement, so leases coalesce into
-// few ticks however many there are. Each lease also has one timer, set to
-// its local deadline; if it fires before a renewal succeeds, the lease is
-// lost. Renewal failures other than "no row" are retried with a short
-// backoff until that timer fires.
+// few ticks however many there are. Each lease also has a local deadline,
+// watched by one timer per Client (deadline.go); if it passes before a
+// renewal succeeds, the lease is lost. Renewal failures other than "no
+// row" are retried with a short backoff until then.
 
 const (
 	retryMin = 25 * time.Millisecond
@@ -28,9 +28,8 @@ func (c *Client) register(l *Lease, start time.Time) error {
 	if c.isClosed() {
 		return ErrClosed
 	}
-	l.deadline = start.Add(l.ttl - margin(l.ttl))
+	c.setDeadlineLocked(l, start.Add(l.ttl-margin(l.ttl)))
 	l.nextRenew = start.Add(l.ttl / 3)
-	l.timer = time.AfterFunc(time.Until(l.deadline), func() { c.onDeadline(l) })
 	c.held[l.name] = l
 	if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
 		c.nextDue = l.nextRenew
@@ -49,10 +48,9 @@ func (c *Client) renewedLocked(l *Lease, start time.Time, expiresAt time.Time) {
 	if !deadline.After(l.deadline) {
 		return // an older request than the one already recorded
 	}
-	l.deadline = deadline
+	c.setDeadlineLocked(l, deadline)
 	l.nextRenew = start.Add(l.ttl / 3)
 	l.expiresAt = expiresAt
-	l.timer.Reset(time.Until(deadline))
 }
 
 // dropLocked stops keeping l alive.
@@ -60,9 +58,7 @@ func (c *Client) dropLocked(l *Lease) {
 	if c.held[l.name] == l {
 		delete(c.held, l.name)
 	}
-	if l.timer != nil {
-		l.timer.Stop()
-	}
+	c.unwatchLocked(l)
 }
 
 // lose marks l lost with cause (which wraps ErrLost), records the loss
@@ -94,14 +90,19 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.wakeQueue(l.queue())
 }
 
-// onDeadline runs when l's deadline timer fires.
+// onDeadline loses l, taken off the deadline heap by onDeadlines, unless
+// it is gone or its deadline has moved since.
 func (c *Client) onDeadline(l *Lease) {
 	c.mu.Lock()
-	stale := l.state != stateHeld || time.Now().Before(l.deadline)
+	gone := l.state != stateHeld
+	later := !gone && time.Now().Before(l.deadline)
+	if later {
+		c.setDeadlineLocked(l, l.deadline) // watch it again
+	}
 	ttl := l.ttl
 	c.mu.Unlock()
-	if stale {
-		return // renewed meanwhile (the timer was reset) or already gone
+	if gone || later {
+		return
 	}
 	c.lose(l, lostDeadline, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
 		l.name, l.fence, ttl, margin(ttl), ErrLost), true)

@@ -50,11 +50,11 @@ type Lease struct {
 	data       json.RawMessage
 	handover   bool // an operator asked this grant to step down
 	state      leaseState
-	acquiredAt time.Time // server clock
-	expiresAt  time.Time // server clock, as of the last grant/renew
-	deadline   time.Time // local, monotonic: last request start + ttl - margin
-	nextRenew  time.Time // local, monotonic: last request start + ttl/3
-	timer      *time.Timer
+	acquiredAt time.Time     // server clock
+	expiresAt  time.Time     // server clock, as of the last grant/renew
+	deadline   time.Time     // local, monotonic: last request start + ttl - margin
+	nextRenew  time.Time     // local, monotonic: last request start + ttl/3
+	dlPos      int           // 1 + index in the client's deadline heap; 0: not in it
 	minHold    time.Duration // HoldAtLeast: Release keeps the grant until acquiredAt + minHold
 }
 
