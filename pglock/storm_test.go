@@ -33,7 +33,13 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 	const waiters = 4
 	pool := newPool(t, pgtest.URL(t), int32(len(names)*(waiters+2)+1))
 	l := newLocker(t, pool)
-	ctx := testContext(t)
+	// Not testContext's minute: every cancelled waiter costs the server a
+	// cancel request and a new connection, each a process the postmaster
+	// forks one after the other, and where forking is slow (30-40 ms on
+	// some virtual machines) a round takes half a second and the storm a
+	// minute or more. The bound only stops a hung test.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 
 	var st stormStats
 	var wg sync.WaitGroup
@@ -113,12 +119,25 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 			}()
 		}
 		st.calls.Add(int64(waiters))
-		pgtest.WaitFor(t, 10*time.Second, "the waiters to queue", func() bool {
+		// Not pgtest.WaitFor: its Fatal would end this goroutine with the
+		// lock held and the waiters queued, and the test would hang in
+		// the pool's cleanup instead of failing.
+		queued := false
+		for deadline := time.Now().Add(10 * time.Second); !queued && time.Now().Before(deadline); {
 			var n int
-			_ = observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 				AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB, int64(k>>32), int64(uint32(k))).Scan(&n)
-			return n == waiters
-		})
+			if err != nil {
+				t.Errorf("count the waiters: %v", err)
+				break
+			}
+			if queued = n == waiters; !queued {
+				time.Sleep(10 * time.Millisecond) // polling: no event announces the queue
+			}
+		}
+		if !queued {
+			t.Errorf("%s: the waiters did not queue within 10s", name)
+		}
 		var timers []*time.Timer
 		for _, cancel := range cancels {
 			timers = append(timers, time.AfterFunc(time.Duration(rng.IntN(2000))*time.Microsecond, cancel))
