@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,26 +25,28 @@ type Lock struct {
 	shared  bool
 	pid     uint32    // backend of the pinned session, for logs
 	since   time.Time // when the grant was seen, for the hold duration
-	nc      net.Conn  // the pinned connection's socket, for deadlines
+	nc      net.Conn  // the pinned connection's socket, for deadlines; nil over database/sql
 
 	// ctx is cancelled, with cause ErrUnlocked or ErrLost, when the hold
 	// ends.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	// The monitor goroutine (monitor.go), run by start after a delay, owns
-	// conn until it closes done; after that, conn is Unlock's (at once if
-	// Unlock stopped start before it fired). The monitor
+	// The monitor goroutine (monitor.go), started by the Locker's starter
+	// at due (starter.go), owns conn until it closes done; after that,
+	// conn is Unlock's (at once if Unlock cancelled the start: see
+	// monitorState). The monitor
 	// returns when Unlock closes stop, or when it finds the session gone
 	// (it then destroys conn and sets it to nil). Only Unlock closes stop,
 	// and only the monitor closes done. mu orders the socket's deadlines
 	// between the two (see stopMonitor).
-	conn  *pgxpool.Conn
-	sc    *sql.Conn   // instead of conn over database/sql (dbsql.go)
-	start *time.Timer // runs the monitor, after a delay
-	stop  chan struct{}
-	done  chan struct{}
-	mu    sync.Mutex
+	conn         *pgxpool.Conn
+	sc           *sql.Conn // instead of conn over database/sql (dbsql.go)
+	due          time.Time // when the starter starts the monitor
+	monitorState atomic.Int32
+	stop         chan struct{}
+	done         chan struct{}
+	mu           sync.Mutex
 
 	unlockOnce sync.Once
 	unlockErr  error
@@ -58,7 +61,7 @@ func newLock(l *Locker, conn *pgxpool.Conn, s lockSet, shared bool, since time.T
 	lk := newHold(l, s, shared, conn.Conn().PgConn().PID(), since)
 	lk.conn = conn
 	lk.nc = conn.Conn().PgConn().Conn()
-	lk.start = time.AfterFunc(min(l.hooks.monitorDelay, l.cfg.interval), lk.monitor)
+	l.schedule(lk)
 	return lk
 }
 

@@ -26,6 +26,8 @@ type Locker struct {
 	cfg   config
 	tel   telemetry
 	hooks hooks
+
+	starter starter // starts the Locks' monitors (starter.go)
 }
 
 // New returns a Locker over pool. It fails, with an error matching

@@ -13,9 +13,9 @@ import (
 // return at once with a timeout.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// monitor is the Lock's one goroutine, run by the start timer a short
-// delay after the grant: a lock held briefly (most are) costs no goroutine
-// and no hand-off at Unlock, which stops the timer. Once running it owns
+// monitor is the Lock's one goroutine, started a short delay after the
+// grant (starter.go): a lock held briefly (most are) costs no goroutine
+// and no hand-off at Unlock, which cancels the start. Once running it owns
 // the pinned connection until it returns, and it returns in exactly two
 // ways: Unlock closed stop (the connection is then Unlock's), or the
 // session is gone (it destroys the connection and ends the Lock's context
@@ -36,7 +36,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 func (lk *Lock) monitor() {
 	defer close(lk.done)
 	if lk.stopped() {
-		return // Unlock came as the start timer fired
+		return // Unlock came as the monitor started
 	}
 	pg := lk.conn.Conn().PgConn()
 	cfg := lk.l.cfg
@@ -108,20 +108,20 @@ func (lk *Lock) stopped() bool {
 // watching, after the round trip if it is probing (bounded by the liveness
 // timeout). Unlock calls it, once.
 //
-// It closes stop and stops the start timer; if the monitor runs, it then,
-// holding mu, sets a read deadline in the past. Over database/sql (no start
-// timer, no socket) it closes stop and waits for monitorDB. The
+// It closes stop and cancels the monitor's start; if the monitor runs, it
+// then, holding mu, sets a read deadline in the past. Over database/sql (no
+// socket) it closes stop and waits for monitorDB. The
 // monitor sets a watch's deadline only while holding mu and after checking
 // stop: so either it sees stop and does not watch, or its watch, under way
 // or about to begin, ends at once on this deadline. A probe holds mu, so
 // the deadline never cuts one short.
 func (lk *Lock) stopMonitor() {
 	close(lk.stop)
-	if lk.start == nil {
+	if lk.nc == nil { // over database/sql, where drop may have cleared sc
 		<-lk.done // monitorDB: at once, or after a liveness query in flight
 		return
 	}
-	if lk.start.Stop() {
+	if lk.monitorState.CompareAndSwap(monitorPending, monitorCancelled) {
 		return // the monitor never started, and never will: conn is Unlock's
 	}
 	lk.mu.Lock()

@@ -1,0 +1,122 @@
+package pglock
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Locks taken and released within the start delay arm the starter's timer
+// once, start no monitor, and leave the queue when they come due.
+func TestStarterArmsOncePerDelay(t *testing.T) {
+	t.Parallel()
+	_, l := setup(t)
+	l.hooks.monitorDelay = 300 * time.Millisecond
+	ctx := testContext(t)
+	var locks []*Lock
+	for i := range 20 {
+		lk, err := l.TryLock(ctx, fmt.Sprintf("starter/%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.starter.mu.Lock()
+		arms := l.starter.arms
+		l.starter.mu.Unlock()
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, lk)
+		if arms != 1 {
+			t.Fatalf("lock %d: the starter's timer was armed %d times, want once", i, arms)
+		}
+	}
+	for _, lk := range locks {
+		if got := lk.monitorState.Load(); got != monitorCancelled {
+			t.Fatalf("%s: monitor state %d after Unlock, want cancelled (%d)", lk.Name(), got, monitorCancelled)
+		}
+	}
+	// All came due within the delay: the queue empties and the timer
+	// rests. Polling: no event announces it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		l.starter.mu.Lock()
+		n, armed := len(l.starter.queue), l.starter.armed
+		l.starter.mu.Unlock()
+		if n == 0 && !armed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %d (armed %v) long after every lock came due", n, armed)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Starts racing Unlocks from many goroutines: each Lock's monitor either
+// starts and is stopped, or never starts; no Unlock fails, no connection
+// is destroyed, and a lock held past the delay is watched.
+func TestStarterRacesUnlock(t *testing.T) {
+	t.Parallel()
+	pool, l := setup(t, WithLivenessCheck(MinLivenessInterval, time.Second))
+	l.hooks.monitorDelay = time.Millisecond
+	ctx := testContext(t)
+	var warm []*pgxpool.Conn // one connection per goroutine, opened now
+	for range 4 {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm = append(warm, c)
+	}
+	for _, c := range warm {
+		c.Release()
+	}
+	opened := pool.Stat().NewConnsCount()
+	var started, cancelled [4]int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
+			for i := range 100 {
+				lk, err := l.Lock(ctx, fmt.Sprintf("race/%d", g))
+				if err != nil {
+					t.Errorf("Lock %d/%d: %v", g, i, err)
+					return
+				}
+				time.Sleep(time.Duration(rng.IntN(2000)) * time.Microsecond) // around the start
+				if err := lk.Unlock(ctx); err != nil {
+					t.Errorf("Unlock %d/%d: %v", g, i, err)
+					return
+				}
+				mu.Lock()
+				switch lk.monitorState.Load() {
+				case monitorStarted:
+					started[g]++
+				case monitorCancelled:
+					cancelled[g]++
+				default:
+					t.Errorf("%d/%d: monitor neither started nor cancelled after Unlock", g, i)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("monitors started %v, cancelled before starting %v", started, cancelled)
+	if n := pool.Stat().NewConnsCount(); n != opened {
+		t.Errorf("the pool opened %d more connections: an Unlock destroyed one", n-opened)
+	}
+	var s, c int
+	for g := range started {
+		s, c = s+started[g], c+cancelled[g]
+	}
+	if s == 0 || c == 0 {
+		t.Errorf("holds of 0-2ms around a 1ms delay must both start and cancel monitors: %d started, %d cancelled", s, c)
+	}
+	assertIdle(t, pool)
+}
