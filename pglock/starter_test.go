@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // Locks taken and released within the start delay arm the starter's timer
@@ -40,20 +42,12 @@ func TestStarterArmsOncePerDelay(t *testing.T) {
 		}
 	}
 	// All came due within the delay: the queue empties and the timer
-	// rests. Polling: no event announces it.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// rests.
+	pgtest.WaitFor(t, 30*time.Second, "the starter's queue to empty and its timer to rest", func() bool {
 		l.starter.mu.Lock()
-		n, armed := len(l.starter.queue), l.starter.armed
-		l.starter.mu.Unlock()
-		if n == 0 && !armed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue of %d (armed %v) long after every lock came due", n, armed)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer l.starter.mu.Unlock()
+		return len(l.starter.queue) == 0 && !l.starter.armed
+	})
 }
 
 // Starts racing Unlocks from many goroutines: each Lock's monitor either

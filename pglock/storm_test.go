@@ -124,20 +124,17 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 		// Not pgtest.WaitFor: its Fatal would end this goroutine with the
 		// lock held and the waiters queued, and the test would hang in
 		// the pool's cleanup instead of failing.
-		queued := false
-		for deadline := time.Now().Add(10 * time.Second); !queued && time.Now().Before(deadline); {
+		var qerr error
+		queued := pgtest.Poll(10*time.Second, func() bool {
 			var n int
-			err := observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			qerr = observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 				AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB, int64(k>>32), int64(uint32(k))).Scan(&n)
-			if err != nil {
-				t.Errorf("count the waiters: %v", err)
-				break
-			}
-			if queued = n == waiters; !queued {
-				time.Sleep(10 * time.Millisecond) // polling: no event announces the queue
-			}
-		}
-		if !queued {
+			return qerr != nil || n == waiters
+		})
+		switch {
+		case qerr != nil:
+			t.Errorf("count the waiters: %v", qerr)
+		case !queued:
 			t.Errorf("%s: the waiters did not queue within 10s", name)
 		}
 		var timers []*time.Timer

@@ -393,13 +393,23 @@ func Acquired(pool *pgxpool.Pool) int32 {
 // timeout (tests share two cores).
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Poll(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Poll polls cond every 10ms until it holds (true) or timeout has passed
+// (false). Unlike WaitFor it fails nothing, so a goroutine other than the
+// test's can use it and clean up before it reports.
+func Poll(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(10 * time.Millisecond) // polling: no event announces the condition
 	}
+	return true
 }
 
 // Split runs b.N calls of op spread over goroutines goroutines, op(g, i)
