@@ -91,17 +91,14 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 }
 
 // onDeadline loses l, taken off the deadline heap by onDeadlines, unless
-// it is gone or its deadline has moved since.
+// it is gone or its deadline has moved since (whatever moves it,
+// setDeadlineLocked, put it back on the heap).
 func (c *Client) onDeadline(l *Lease) {
 	c.mu.Lock()
-	gone := l.state != stateHeld
-	later := !gone && time.Now().Before(l.deadline)
-	if later {
-		c.setDeadlineLocked(l, l.deadline) // watch it again
-	}
+	stale := l.state != stateHeld || time.Now().Before(l.deadline)
 	ttl := l.ttl
 	c.mu.Unlock()
-	if gone || later {
+	if stale {
 		return
 	}
 	c.lose(l, lostDeadline, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
