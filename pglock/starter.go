@@ -37,10 +37,10 @@ func (l *Locker) monitorDelay() time.Duration {
 	return min(l.hooks.monitorDelay, l.cfg.interval)
 }
 
-// schedule queues lk's monitor to start after the delay.
+// schedule queues lk's monitor to start the delay after its grant.
 func (l *Locker) schedule(lk *Lock) {
 	d := l.monitorDelay()
-	lk.due = time.Now().Add(d)
+	lk.due = lk.since.Add(d)
 	s := &l.starter
 	s.mu.Lock()
 	defer s.mu.Unlock()
