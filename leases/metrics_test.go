@@ -216,11 +216,17 @@ func TestMetricsLostCauses(t *testing.T) {
 					t.Errorf("renewals{outcome=lost} = %v, want 1", p.Sum)
 				}
 			case "deadline":
-				// The hold ends at the local deadline: TTL − margin after
-				// the grant request started, which is before the grant
-				// was received.
-				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum > (time.Second - margin(time.Second)).Seconds() {
-					t.Errorf("hold %.3fs, longer than TTL − margin", p.Sum)
+				// The hold ends at the lease's local deadline (TTL − margin
+				// after the grant request started), measured from when the
+				// grant was received. The deadline timer may fire late on a
+				// loaded machine (11 ms seen on 2 cores); half the margin
+				// bounds that lateness generously and still ends the hold
+				// well before the database's expiry, TTL after the request.
+				l.c.mu.Lock()
+				due := l.deadline.Sub(l.since)
+				l.c.mu.Unlock()
+				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum > (due + margin(time.Second)/2).Seconds() {
+					t.Errorf("hold %.3fs, more than half the margin past the local deadline (%.3fs after the grant)", p.Sum, due.Seconds())
 				}
 				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum < 0.5 {
 					t.Errorf("hold %.3fs, want about 0.9s (TTL − margin, less the grant's round trip)", p.Sum)
