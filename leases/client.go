@@ -353,12 +353,25 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 	err := q.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
 	stop()
 	wg.Wait()
+	if err != nil && isLockTimeout(err) && len(blockers) == 0 {
+		// The watcher saw no blocker in time (on a loaded machine its
+		// connection can take longer than a short timeout): the fence
+		// lock's holders are still there to name, on this connection.
+		if bs, ferr := queryBackends(ctx, q, sqlFenceHolders, name, int64(pid)); ferr == nil {
+			blockers = bs
+		}
+	}
 	return live, blockers, err
 }
 
 // blockers describes the backends that block backend pid.
 func (c *Client) blockers(ctx context.Context, pid uint32) ([]Backend, error) {
-	rows, err := c.q.Query(ctx, sqlBlockers, int64(pid))
+	return queryBackends(ctx, c.q, sqlBlockers, int64(pid))
+}
+
+// queryBackends runs on q a query returning backends as sqlBlockers does.
+func queryBackends(ctx context.Context, q dbx.Querier, sql string, args ...any) ([]Backend, error) {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}

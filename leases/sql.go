@@ -68,6 +68,18 @@ const (
  WHERE a.pid = ANY (pg_blocking_pids($1))
  ORDER BY a.pid`
 
+	// sqlFenceHolders describes the backends other than $2 that hold the
+	// fence lock of lease $1 (see pgfence.token_fence): the holders a
+	// force-release waits for, still visible after its wait timed out.
+	sqlFenceHolders = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+       a.xact_start, a.state_change
+  FROM pg_stat_activity AS a
+ WHERE a.pid <> $2
+   AND a.pid IN (SELECT k.pid FROM pg_locks AS k
+                  WHERE k.locktype = 'advisory' AND k.granted
+                    AND k.classid = 1885824614 AND k.objid = pgfence.wait_key($1)::oid AND k.objsubid = 2)
+ ORDER BY a.pid`
+
 	// sqlGet reads a lease's live grant, with the time to its expiry.
 	sqlGet = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata,
        (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint
