@@ -108,9 +108,9 @@ func checkLinearizable(t *testing.T, bypass bool) porcupine.CheckResult {
 	const workers, maxOps, ttl = 4, 200, time.Second
 	u := setup(t)
 	pool := newPool(t, u, "parent")
-	// A worker stopped inside a fenced transaction holds a share lock on
-	// the lease row, which blocks every takeover until the transaction
-	// ends: let the server end it.
+	// A worker stopped inside a fenced transaction holds the lease's fence
+	// lock, which blocks every takeover until the transaction ends: let
+	// the server end it.
 	mustExec(t, pool, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET idle_in_transaction_session_timeout = %L', current_database(), '1s'); END $$`)
 	protectedTable(t, pool, "reg", "id int PRIMARY KEY, value bigint NOT NULL")
 	if bypass {

@@ -26,8 +26,8 @@ func init() { workerRoles["once"] = roleOnce }
 // when the others have moved on. Each period's effect happens exactly
 // once, and its fence exceeds the previous period's.
 //
-// A frozen holder's open transaction share-locks the lease row, which no
-// new grant can pass; the workers' sessions set
+// A frozen holder's open transaction holds the lease's fence lock, which
+// no new grant can pass; the workers' sessions set
 // idle_in_transaction_session_timeout (2s), so the server ends it and the
 // others carry on (see docs/primitives.md).
 func TestOncePerPeriod(t *testing.T) {
@@ -159,7 +159,7 @@ func firstMatch(t *testing.T, ws []*worker, match func(event) bool) (*worker, ev
 // roleOnce runs periods 1..cfg.Periods of job cfg.Name with OnceTx,
 // inserting the period's row into cfg.Table in the recording transaction.
 // Its sessions end transactions left idle for 2s, so that a frozen holder
-// cannot block the lease row for ever. Events: "running" (period, fence)
+// cannot block the lease for ever. Events: "running" (period, fence)
 // inside the transaction, then "ran" or "skipped" (period), and "done".
 func roleOnce(ctx context.Context, wk *workerSide) error {
 	cfg := wk.cfg

@@ -1,5 +1,5 @@
 // TryAcquire must answer "held" at once even while the holder is inside a
-// fenced transaction (fence_guard keeps a share lock on the lease row).
+// fenced transaction (the guard holds the lease's fence lock until commit).
 package integration_test
 
 import (

@@ -52,8 +52,9 @@ var (
 	ErrInvalid = errors.New("leases: invalid input")
 )
 
-// ErrBlocked is returned by ForceRelease when the lease row stayed locked
-// (by a holder's open fenced transaction, typically a frozen one) past its
+// ErrBlocked is returned by ForceRelease when the lease stayed locked — its
+// fence lock, or under REPEATABLE READ or SERIALIZABLE its row, held by a
+// holder's open fenced transaction, typically a frozen one — past its
 // timeout. The error is a *BlockedError naming the backends in the way.
 var ErrBlocked = errors.New("leases: force-release blocked")
 
@@ -66,8 +67,8 @@ type Backend struct {
 	Since       time.Time // start of its current transaction; zero if not visible
 }
 
-// BlockedError is ForceRelease's error when the lease row stayed locked
-// past the timeout. It matches ErrBlocked with errors.Is.
+// BlockedError is ForceRelease's error when the lease stayed locked past
+// the timeout. It matches ErrBlocked with errors.Is.
 type BlockedError struct {
 	Name string
 	// Blockers are the backends that held the lock, as last seen while
@@ -78,7 +79,7 @@ type BlockedError struct {
 // Error names the lease and the blocking backends.
 func (e *BlockedError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "leases: force-release %q: lease row locked", e.Name)
+	fmt.Fprintf(&b, "leases: force-release %q: lease locked", e.Name)
 	for i, k := range e.Blockers {
 		if i == 0 {
 			b.WriteString(" by")

@@ -23,7 +23,7 @@ import (
 //     period is not done, records it and releases; each waiter then takes
 //     the lease, finds the record and returns without running fn.
 //   - The record is written in a fenced transaction (pgfence.token_fence
-//     checks the token and share-locks the lease row until commit): only
+//     checks the token and holds the lease's fence lock until commit): only
 //     the current, unexpired grant can record, a stalled former holder's
 //     record is rejected (fencing.ErrStale), and a later grant of the lease
 //     commits only after the record has, so whoever holds the lease sees
@@ -126,12 +126,16 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 // token) that also records the period: fn's writes to the same database
 // and the record commit together or not at all, so the period's effects
 // there happen exactly once. Results are Once's. tx is the transaction;
-// fn must not commit or roll it back. The transaction share-locks the
-// lease row, which blocks the lease's renewal: fn must finish well within
+// fn must not commit or roll it back. The transaction holds the lease's
+// fence lock until it ends, which renewals do not wait for: under READ
+// COMMITTED the lease stays renewed and fn may outlast the TTL. Under
+// REPEATABLE READ or SERIALIZABLE the transaction also share-locks the
+// lease row, which renewals cannot update: there fn must finish well within
 // the TTL (less the safety margin, TTL/10), or the lease is lost and the
-// transaction rolled back. If the lease is lost before the commit, OnceTx
-// takes the lease again and tries again, unless another replica recorded
-// the period meanwhile.
+// transaction rolled back. Either way no other replica can take the lease
+// over while the transaction is open. If the lease is lost before the
+// commit, OnceTx takes the lease again and tries again, unless another
+// replica recorded the period meanwhile.
 func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Duration,
 	fn func(ctx context.Context, tx pgx.Tx, l *Lease) error, opts ...OnceOption) (bool, error) {
 	if fn == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // effectsTable creates a protected table of periods' effects, without a
@@ -92,6 +93,42 @@ func TestOnceTxExactlyOncePerPeriod(t *testing.T) {
 		if err != nil || !done || rec.Fence <= 0 {
 			t.Errorf("OnceDone(%s) = %+v, %v, %v", period, rec, done, err)
 		}
+	}
+}
+
+// OnceTx's transaction holds the lease's fence lock, not a lock on the
+// lease row (READ COMMITTED, the default): the keepalive renews the lease
+// while fn runs, so fn may outlast the TTL. fn waits, inside the open
+// transaction, until the lease has been renewed more than twice its TTL
+// after the grant, and then commits.
+func TestOnceTxOutlivesTTL(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	cs, pools := clients(t, 1)
+	effectsTable(t, pools[0])
+	ctx := testContext(t)
+	watch := pools[0] // another of its connections than the transaction's
+	did, err := cs[0].OnceTx(ctx, "long", "p1", ttl, func(ctx context.Context, tx pgx.Tx, l *Lease) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (period, by) VALUES ('p1', 'long')`); err != nil {
+			return err
+		}
+		// Bound: 3 TTLs of renewals plus a loaded machine's slack.
+		renewed := pgtest.Poll(30*time.Second, func() bool {
+			var ok bool
+			err := watch.QueryRow(ctx, `SELECT renewed_at > acquired_at + 2 * $1 * interval '1 microsecond'
+				  FROM pgfence.leases WHERE name = 'long' AND fence = $2`, ttl.Microseconds(), l.Fence()).Scan(&ok)
+			return err == nil && ok
+		})
+		if !renewed {
+			return errors.New("the lease was not renewed past twice its TTL while the transaction was open")
+		}
+		return l.Err()
+	})
+	if err != nil || !did {
+		t.Fatalf("OnceTx whose fn outlasts the TTL = %v, %v; want true, nil", did, err)
+	}
+	if n := effectCounts(t, pools[0])["p1"]; n != 1 {
+		t.Errorf("effects of p1 = %d, want 1", n)
 	}
 }
 

@@ -96,7 +96,7 @@ func WithDurableRelease(on bool) Option {
 }
 
 // WithForceReleaseTimeout bounds how long ForceRelease waits for a lease
-// row locked by a holder's open transaction (default
+// locked by a holder's open fenced transaction (default
 // DefaultForceReleaseTimeout; from 1ms to 1h). A context deadline that is
 // sooner wins.
 func WithForceReleaseTimeout(d time.Duration) Option {

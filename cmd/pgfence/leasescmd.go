@@ -71,7 +71,7 @@ be running until it notices — at most about a third of its TTL. Requires
 --force. Fails (exit 1) when nobody holds NAME.
 
 It never hangs: a holder frozen inside an open fenced transaction keeps the
-lease row locked, and the release waits at most --timeout for it, then fails
+lease locked, and the release waits at most --timeout for it, then fails
 naming the blocking backends (pid, application, client address, since when).
 With --terminate it ends those backends (pg_terminate_backend: the role
 needs pg_signal_backend, which pgfence_operator has when the migration could
@@ -121,7 +121,7 @@ grant it) and tries once more; their open transactions roll back.`,
 		}),
 	}
 	release.Flags().BoolVar(&force, "force", false, "confirm that the lease should be broken")
-	release.Flags().DurationVar(&timeout, "timeout", leases.DefaultForceReleaseTimeout, "how long to wait for a lease row locked by the holder's open transaction (1ms..1h)")
+	release.Flags().DurationVar(&timeout, "timeout", leases.DefaultForceReleaseTimeout, "how long to wait for a lease locked by the holder's open fenced transaction (1ms..1h)")
 	release.Flags().BoolVar(&terminate, "terminate", false, "end the backends that block the release (their transactions roll back) and try again")
 	var handoverTimeout time.Duration
 	handover := &cobra.Command{
