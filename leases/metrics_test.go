@@ -86,8 +86,12 @@ func TestMetricsAcquireHoldRenew(t *testing.T) {
 	if p := metrictest.Find(t, got, metricAcquire, "outcome=held,try=true"); p.Count != 1 {
 		t.Errorf("TryAcquire held = %d, want 1", p.Count)
 	}
-	if p := metrictest.Find(t, got, metricAcquire, "outcome=canceled,try=false"); p.Count != 1 || p.Sum < cancelAfter.Seconds() {
-		t.Errorf("canceled acquires = %d lasting %.3fs, want 1 lasting at least %s", p.Count, p.Sum, cancelAfter)
+	// The duration runs from the call's own start, which comes after the
+	// context's (0.097s was seen on a loaded machine); half the timeout
+	// bounds that gap generously and still fails a duration that does not
+	// cover the wait.
+	if p := metrictest.Find(t, got, metricAcquire, "outcome=canceled,try=false"); p.Count != 1 || p.Sum < (cancelAfter/2).Seconds() {
+		t.Errorf("canceled acquires = %d lasting %.3fs, want 1 lasting about %s", p.Count, p.Sum, cancelAfter)
 	}
 	acquired := metrictest.Find(t, got, metricAcquire, "outcome=acquired,try=false")
 	if acquired.Count != 1 {
