@@ -369,7 +369,7 @@ func (c *Client) blockers(ctx context.Context, pid uint32) ([]Backend, error) {
 	return queryBackends(ctx, c.q, sqlBlockers, int64(pid))
 }
 
-// queryBackends runs on q a query returning backends as sqlBlockers does.
+// queryBackends runs on q a query that starts with sqlBackends.
 func queryBackends(ctx context.Context, q dbx.Querier, sql string, args ...any) ([]Backend, error) {
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {

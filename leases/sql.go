@@ -61,20 +61,21 @@ const (
 	// $2 ms for the row. Fully durable: an operator acts on its answer.
 	sqlForceRelease = `SELECT pgfence.force_release($1, $2)`
 
-	// sqlBlockers describes the backends that block backend $1.
-	sqlBlockers = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+	// sqlBackends is the head of the queries that describe backends, as
+	// queryBackends scans them.
+	sqlBackends = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
        a.xact_start, a.state_change
   FROM pg_stat_activity AS a
- WHERE a.pid = ANY (pg_blocking_pids($1))
+`
+
+	// sqlBlockers describes the backends that block backend $1.
+	sqlBlockers = sqlBackends + ` WHERE a.pid = ANY (pg_blocking_pids($1))
  ORDER BY a.pid`
 
 	// sqlFenceHolders describes the backends other than $2 that hold the
 	// fence lock of lease $1 (see pgfence.token_fence): the holders a
 	// force-release waits for, still visible after its wait timed out.
-	sqlFenceHolders = `SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
-       a.xact_start, a.state_change
-  FROM pg_stat_activity AS a
- WHERE a.pid <> $2
+	sqlFenceHolders = sqlBackends + ` WHERE a.pid <> $2
    AND a.pid IN (SELECT k.pid FROM pg_locks AS k
                   WHERE k.locktype = 'advisory' AND k.granted
                     AND k.classid = 1885824614 AND k.objid = pgfence.wait_key($1)::oid AND k.objsubid = 2)
