@@ -181,8 +181,9 @@
 //     asynchronous replica, recent grants and fenced writes can be lost;
 //     fences drawn afterwards still exceed the lost ones (they follow the
 //     database clock), so a lost grant's holder is rejected.
-//   - The guard checks tokens as the writer, through the SECURITY DEFINER
-//     function pgfence.token_fence: a writer needs pgfence_client; without
-//     it the write fails with a permission error (42501) — it is never let
-//     through.
+//   - The guard checks tokens with the writer's privileges: it reads
+//     pgfence.leases, or under REPEATABLE READ and SERIALIZABLE calls the
+//     SECURITY DEFINER function pgfence.token_fence, so a writer needs
+//     pgfence_client; without it the write fails with a permission error
+//     (42501), or PF002 when it declares nothing — it is never let through.
 package fencing

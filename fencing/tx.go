@@ -64,7 +64,7 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 		return nil, err
 	}
 	if b, ok := db.(txBeginner); ok {
-		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(sqlBeginDeclare, tok.Lease, tok.Fence)})
+		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(sqlBeginDeclare, quoteLease(tok.Lease), tok.Fence)})
 		if err != nil {
 			if conn, ok := db.(*pgx.Conn); ok && conn.PgConn().TxStatus() != 'I' {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)

@@ -36,7 +36,11 @@
 //     row-level security, and pgfence.unguarded() lists tables added below a
 //     protected table after protect ran.
 //
-// The migration file itself argues each rule; docs/design.md has the threat
+// Migration 5 adds lease data and hand-over requests; migration 6
+// once-per-period records, minimum holds and semaphores. Migrations 7 and 8
+// make grants and fenced writes cheaper without changing what they check.
+//
+// Each migration file argues its rules; docs/design.md has the threat
 // model.
 //
 // # Bookkeeping
