@@ -164,7 +164,7 @@ func (c *Client) tick() (again bool) {
 	c.mu.Lock()
 	orphans := c.orphans
 	c.orphans = nil
-	var due []renewal
+	due := c.due[:0] // reused: a tick of 10,000 leases would grow a new one each time
 	var minTTL time.Duration
 	for _, l := range c.held {
 		if l.nextRenew.After(now.Add(l.ttl / 12)) {
@@ -184,6 +184,8 @@ func (c *Client) tick() (again bool) {
 		for _, r := range due {
 			r.l.renewMu.Unlock()
 		}
+		clear(due) // keep no lease reachable from the buffer
+		c.due = due[:0]
 	}()
 
 	if len(orphans) > 0 {
@@ -228,11 +230,9 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 	owners := make([]string, len(rs))
 	fences := make([]int64, len(rs))
 	ttls := make([]int64, len(rs))
-	byName := make(map[string]*Lease, len(rs))
 	for i, r := range rs {
 		l := r.l
 		names[i], owners[i], fences[i], ttls[i] = l.name, l.owner, l.fence, r.ttl.Microseconds()
-		byName[l.name] = l
 	}
 	reqStart := time.Now()
 	failed := func(err error) bool {
@@ -261,6 +261,7 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 		handover  bool
 	}
 	results := make([]result, 0, len(rs))
+	m := rowMatcher{rs: rs}
 	for rows.Next() {
 		var name string
 		var r result
@@ -268,7 +269,7 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 			rows.Close()
 			return failed(err)
 		}
-		r.l = byName[name]
+		r.l = m.lease(len(results), name)
 		results = append(results, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -298,6 +299,29 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 		c.lose(l, why, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
 	}
 	return again
+}
+
+// rowMatcher finds the lease a row of a batched statement reports on, by
+// name. The rows usually come one per input and in its order, so row i is
+// tried against rs[i] first, and a map by name is built only for rows that
+// come otherwise.
+type rowMatcher struct {
+	rs     []renewal
+	byName map[string]*Lease
+}
+
+// lease returns the lease of rs named name, reported by row i; nil if none.
+func (m *rowMatcher) lease(i int, name string) *Lease {
+	if i < len(m.rs) && m.rs[i].l.name == name {
+		return m.rs[i].l
+	}
+	if m.byName == nil {
+		m.byName = make(map[string]*Lease, len(m.rs))
+		for _, r := range m.rs {
+			m.byName[r.l.name] = r.l
+		}
+	}
+	return m.byName[name]
 }
 
 // recheckLocked has the named lease renewed now, if this client holds
