@@ -32,12 +32,15 @@ connection pool, on your database and network:
   advisory TryLock+Unlock    pglock.Locker vs pg_try_advisory_lock/pg_advisory_unlock
                              on a connection taken from the pool
   fenced UPDATE              fencing.InTx on a protected table vs BEGIN; UPDATE;
-                             COMMIT on an unprotected one
+                             COMMIT on an unprotected one; all goroutines write
+                             under one lease's token, as writers under one
+                             lease do
 
 Each comparison runs for --duration per side at each --concurrency (each
-goroutine uses its own lease, lock and row, so nothing contends), after a
-short warm-up, alternating the two sides in 250ms slices so that changes
-in the machine's load affect both alike. It prints operations per second, the ratio pgfence/raw and
+goroutine uses its own lease, lock and row, so nothing contends; the fenced
+writers share the lease's fence lock in shared mode), after a short
+warm-up, alternating the two sides in 250ms slices so that changes in the
+machine's load affect both alike. It prints operations per second, the ratio pgfence/raw and
 the p50/p99 latency of one operation. It creates the schema pgfence_bench
 (dropping any left by an interrupted run) and drops it at the end, and
 releases every lease and lock it takes. It needs the pgfence schema
