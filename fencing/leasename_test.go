@@ -1,6 +1,10 @@
 package fencing_test
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // TestLeaseNamesReachTheGuardExactly: Begin splices the lease name into its
@@ -53,5 +59,62 @@ func TestLeaseNamesReachTheGuardExactly(t *testing.T) {
 	}
 	if pwned {
 		t.Fatal("a lease name ran a statement")
+	}
+}
+
+// TestLeaseNamesInALatin1Database: in a database whose encoding is not
+// UTF-8, Begin's Unicode escapes still name the lease the client granted:
+// PostgreSQL converts them into the database's encoding, as it converts the
+// grant's parameters from client_encoding=UTF8. A client left at the
+// database's encoding (pgx's default) sends Go's UTF-8 as LATIN1, so its
+// grant stores another name than the one it declares: its fenced writes
+// are refused, never let through.
+func TestLeaseNamesInALatin1Database(t *testing.T) {
+	t.Parallel()
+	admin := pgtest.PoolFor(t, pgtest.EmptyURL(t))
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "pgfence_latin1_" + hex.EncodeToString(b)
+	id := pgx.Identifier{name}.Sanitize()
+	mustExec(t, admin, `CREATE DATABASE `+id+` ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(ctx, `DROP DATABASE `+id+` WITH (FORCE)`); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	if err := migrations.Up(bg, u.String()); err != nil {
+		t.Fatal(err)
+	}
+	latin1 := pgtest.PoolFor(t, u.String())
+	q := u.Query()
+	q.Set("client_encoding", "UTF8")
+	u.RawQuery = q.Encode()
+	pool := pgtest.PoolFor(t, u.String())
+	mustExec(t, pool, createItems)
+	if err := fencing.Protect(bg, pool, "items"); err != nil {
+		t.Fatal(err)
+	}
+	var enc string
+	if err := pool.QueryRow(bg, `SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()`).Scan(&enc); err != nil || enc != "LATIN1" {
+		t.Fatalf("database encoding %q, %v; want LATIN1", enc, err)
+	}
+	tok := grant(t, pool, "ünïcode £ é", time.Minute)
+	if err := write(pool, tok, 1, "x"); err != nil {
+		t.Fatalf("write under %q: %v", tok.Lease, err)
+	}
+	wantItem(t, pool, 1, "x", tok.Fence)
+	wantStale(t, write(pool, fencing.Token{Lease: "ünïcode £ e", Fence: tok.Fence}, 1, "y"))
+
+	tok = grant(t, latin1, "naïve", time.Minute)
+	wantStale(t, write(latin1, tok, 2, "x"))
+	if _, _, ok := item(t, pool, 2); ok {
+		t.Fatal("a write under a mis-encoded lease name went through")
 	}
 }

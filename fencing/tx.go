@@ -50,7 +50,10 @@ const rollbackTimeout = 5 * time.Second
 // BeginTx (*pgxpool.Pool, *pgxpool.Conn, *pgx.Conn), BEGIN and the
 // declaration share one round trip; on a pgx.Tx, Begin opens a savepoint
 // and declares in a second one, and the token stays declared until the
-// outer transaction ends.
+// outer transaction ends. In a database whose encoding is not UTF-8,
+// connect with client_encoding=UTF8: otherwise pgx sends Go's UTF-8 as the
+// database's encoding, a lease granted under a non-ASCII name is stored
+// under another one than Begin declares, and its writes are refused.
 //
 // Begin validates tok first (ErrInvalid) and sends nothing if it is
 // invalid; it does not check staleness — the guard does, on each write, so

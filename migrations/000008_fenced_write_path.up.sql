@@ -1,6 +1,7 @@
--- pgfence fenced writes, version 8: the same checks as migration 4, at a
--- fifth fewer server instructions per one-row fenced transaction
--- (docs/performance.md has the figures).
+-- pgfence fenced writes, version 8: the same checks as migration 4, for a
+-- sixth less of the server work that fencing adds to a one-row
+-- transaction (counted in instructions; docs/performance.md has the
+-- figures).
 --
 -- 1. fence_guard checks the token itself under READ COMMITTED, the
 --    isolation level nearly every fenced transaction runs at, instead of
