@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -87,3 +88,57 @@ func TestForceReleaseFrozenHolder(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestForceReleaseBehindAFenceLockSquatter: any role may take any advisory
+// lock, so a session that holds a lease's fence lock exclusively, without
+// writing anything, stalls the lease's fenced writes and its force-release
+// (docs/design.md, threat model). The force-release still returns within
+// its bound and names that session.
+func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	ctx := testContext(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0); SELECT pgfence.protect('work')`); err != nil {
+		t.Fatal(err)
+	}
+	holder := newClient(t, pool)
+	l, err := holder.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	squatterPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "squatter" })
+	squatter, err := squatterPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { squatter.Release() })
+	if _, err := squatter.Exec(ctx, `SELECT pg_advisory_lock(1885824614, pgfence.wait_key('job'))`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = squatter.Exec(ctx, `SELECT pg_advisory_unlock_all()`) })
+
+	writer, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Release()
+	_, err = writer.Exec(ctx, `SET lock_timeout = '200ms'; BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); INSERT INTO work VALUES (1)`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("fenced write behind the squatter: %v, want lock_not_available (55P03)", err)
+	}
+	if _, err := writer.Exec(ctx, `ROLLBACK; RESET lock_timeout`); err != nil {
+		t.Fatal(err)
+	}
+
+	admin := newClient(t, pool, WithForceReleaseTimeout(500*time.Millisecond))
+	err = admin.ForceRelease(ctx, "job")
+	var be *BlockedError
+	if !errors.As(err, &be) {
+		t.Fatalf("ForceRelease behind the squatter = %v, want a *BlockedError", err)
+	}
+	if len(be.Blockers) != 1 || be.Blockers[0].PID != int64(squatter.Conn().PgConn().PID()) || be.Blockers[0].Application != "squatter" {
+		t.Fatalf("blockers = %+v, want the squatter's backend %d", be.Blockers, squatter.Conn().PgConn().PID())
+	}
+}
