@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"testing"
@@ -19,12 +20,7 @@ import (
 // ended, it succeeds and the lease can be granted again.
 func TestForceReleaseFrozenHolder(t *testing.T) {
 	t.Parallel()
-	url := pgtest.URL(t)
-	pool := pgtest.PoolFor(t, url)
-	ctx := testContext(t)
-	if _, err := pool.Exec(ctx, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0); SELECT pgfence.protect('work')`); err != nil {
-		t.Fatal(err)
-	}
+	url, pool, ctx := protectedWork(t)
 	holderPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "frozen-holder" })
 	holder := newClient(t, holderPool)
 	l, err := holder.TryAcquire(ctx, "job", time.Minute)
@@ -87,6 +83,19 @@ func TestForceReleaseFrozenHolder(t *testing.T) {
 	}
 }
 
+// protectedWork returns the URL of a new database with a protected table
+// "work", a pool over it and the test's context.
+func protectedWork(t *testing.T) (string, *pgxpool.Pool, context.Context) {
+	t.Helper()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	ctx := testContext(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0); SELECT pgfence.protect('work')`); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool, ctx
+}
+
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // TestForceReleaseBehindAFenceLockSquatter: any role may take any advisory
@@ -96,12 +105,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // its bound and names that session.
 func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 	t.Parallel()
-	url := pgtest.URL(t)
-	pool := pgtest.PoolFor(t, url)
-	ctx := testContext(t)
-	if _, err := pool.Exec(ctx, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0); SELECT pgfence.protect('work')`); err != nil {
-		t.Fatal(err)
-	}
+	url, pool, ctx := protectedWork(t)
 	holder := newClient(t, pool)
 	l, err := holder.TryAcquire(ctx, "job", time.Minute)
 	if err != nil {
