@@ -1,15 +1,12 @@
 package fencing_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -71,32 +68,12 @@ func TestLeaseNamesReachTheGuardExactly(t *testing.T) {
 // are refused, never let through.
 func TestLeaseNamesInALatin1Database(t *testing.T) {
 	t.Parallel()
-	admin := pgtest.PoolFor(t, pgtest.EmptyURL(t))
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "pgfence_latin1_" + hex.EncodeToString(b)
-	id := pgx.Identifier{name}.Sanitize()
-	mustExec(t, admin, `CREATE DATABASE `+id+` ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.Exec(ctx, `DROP DATABASE `+id+` WITH (FORCE)`); err != nil {
-			t.Errorf("drop %s: %v", name, err)
-		}
-	})
-	u, err := url.Parse(admin.Config().ConnString())
-	if err != nil {
+	u := pgtest.EmptyURLEncoded(t, "LATIN1")
+	if err := migrations.Up(bg, u); err != nil {
 		t.Fatal(err)
 	}
-	u.Path = "/" + name
-	if err := migrations.Up(bg, u.String()); err != nil {
-		t.Fatal(err)
-	}
-	latin1 := pgtest.PoolFor(t, u.String())
-	q := u.Query()
-	q.Set("client_encoding", "UTF8")
-	u.RawQuery = q.Encode()
-	pool := pgtest.PoolFor(t, u.String())
+	latin1 := pgtest.PoolFor(t, u)
+	pool := pgtest.PoolFor(t, u, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["client_encoding"] = "UTF8" })
 	mustExec(t, pool, createItems)
 	if err := fencing.Protect(bg, pool, "items"); err != nil {
 		t.Fatal(err)

@@ -175,7 +175,7 @@ func URL(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("pgtest: migrated template: %v", err)
 	}
-	return newDatabase(t, s, tpl)
+	return newDatabase(t, s, tpl, "")
 }
 
 // EmptyURL returns the connection URL of a new, empty database (no pgfence
@@ -183,7 +183,16 @@ func URL(t testing.TB) string {
 // it.
 func EmptyURL(t testing.TB) string {
 	t.Helper()
-	return newDatabase(t, provision(t), "template0")
+	return newDatabase(t, provision(t), "template0", "")
+}
+
+// EmptyURLEncoded is EmptyURL for a database in encoding (LATIN1, say)
+// with the C locale, which every encoding accepts: tests of what a
+// database that is not UTF-8 does to names.
+func EmptyURLEncoded(t testing.TB, encoding string) string {
+	t.Helper()
+	return newDatabase(t, provision(t), "template0",
+		" ENCODING '"+strings.ReplaceAll(encoding, "'", "''")+"' LC_COLLATE 'C' LC_CTYPE 'C'")
 }
 
 // Pool returns a pool over a new migrated database (see URL), closed when t
@@ -226,7 +235,9 @@ func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *p
 	return pool
 }
 
-func newDatabase(t testing.TB, s *server, tpl string) string {
+// newDatabase creates a database from template tpl, with the clauses of
+// CREATE DATABASE in opts appended, that is dropped when t ends.
+func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 	t.Helper()
 	name := "pgfence_test_" + randomHex(6)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -236,7 +247,7 @@ func newDatabase(t testing.TB, s *server, tpl string) string {
 		t.Fatalf("pgtest: connect to %s: %v", s.source, err)
 	}
 	defer admin.Close(context.Background())
-	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tpl}.Sanitize()
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tpl}.Sanitize() + opts
 	if _, err := admin.Exec(ctx, create); err != nil {
 		t.Fatalf("pgtest: %s: %v", create, err)
 	}
