@@ -117,7 +117,7 @@ func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { squatter.Release() })
-	if _, err := squatter.Exec(ctx, `SELECT pg_advisory_lock(1885824614, pgfence.wait_key('job'))`); err != nil {
+	if _, err := squatter.Exec(ctx, `SELECT pg_advisory_lock(1885824614, hashtext('job'))`); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = squatter.Exec(ctx, `SELECT pg_advisory_unlock_all()`) })
@@ -144,5 +144,38 @@ func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 	}
 	if len(be.Blockers) != 1 || be.Blockers[0].PID != int64(squatter.Conn().PgConn().PID()) || be.Blockers[0].Application != "squatter" {
 		t.Fatalf("blockers = %+v, want the squatter's backend %d", be.Blockers, squatter.Conn().PgConn().PID())
+	}
+}
+
+// TestFenceHoldersNamesAnOpenFencedWriter: the query that names a
+// force-release's blockers after its wait timed out reads the fence lock
+// under the key the guard takes it with (hashtext since migration 9): an
+// open fenced transaction is found, and nothing once it has ended.
+func TestFenceHoldersNamesAnOpenFencedWriter(t *testing.T) {
+	t.Parallel()
+	url, pool, ctx := protectedWork(t)
+	holder := newClient(t, pool)
+	l, err := holder.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writerPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "writer" })
+	writer, err := writerPool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Release()
+	if _, err := writer.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); INSERT INTO work VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	bs, err := queryBackends(ctx, pool, sqlFenceHolders, "job", int64(0))
+	if err != nil || len(bs) != 1 || bs[0].PID != int64(writer.Conn().PgConn().PID()) || bs[0].Application != "writer" {
+		t.Fatalf("fence-lock holders = %+v, %v; want the open writer %d", bs, err, writer.Conn().PgConn().PID())
+	}
+	if _, err := writer.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if bs, err := queryBackends(ctx, pool, sqlFenceHolders, "job", int64(0)); err != nil || len(bs) != 0 {
+		t.Fatalf("fence-lock holders after COMMIT = %+v, %v; want none", bs, err)
 	}
 }

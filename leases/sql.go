@@ -73,12 +73,14 @@ const (
  ORDER BY a.pid`
 
 	// sqlFenceHolders describes the backends other than $2 that hold the
-	// fence lock of lease $1 (see pgfence.token_fence): the holders a
+	// fence lock of lease $1 in this database (see pgfence.token_fence;
+	// keyed by hashtext(lease) from migration 9): the holders a
 	// force-release waits for, still visible after its wait timed out.
 	sqlFenceHolders = sqlBackends + ` WHERE a.pid <> $2
    AND a.pid IN (SELECT k.pid FROM pg_locks AS k
                   WHERE k.locktype = 'advisory' AND k.granted
-                    AND k.classid = 1885824614 AND k.objid = pgfence.wait_key($1)::oid AND k.objsubid = 2)
+                    AND k.classid = 1885824614 AND k.objid = pg_catalog.hashtext($1)::oid AND k.objsubid = 2
+                    AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
  ORDER BY a.pid`
 
 	// sqlGet reads a lease's live grant, with the time to its expiry.

@@ -14,9 +14,9 @@ import (
 // look-alikes before pg_catalog — operators, functions and a type named as
 // the built-ins that the token declaration and the guard use, each raising
 // "hijacked" — still declares, writes and is rejected exactly as with the
-// default path. The guard pins its search_path; declare_token, which runs
-// as its caller without one (migration 8), names everything
-// schema-qualified.
+// default path. declare_token (migration 8) and the guard (migration 9),
+// which run as their caller without a search_path of their own, name
+// everything schema-qualified.
 func TestHostileSearchPath(t *testing.T) {
 	t.Parallel()
 	u := pgtest.URL(t)
@@ -43,6 +43,28 @@ func TestHostileSearchPath(t *testing.T) {
 		`CREATE FUNCTION evil.split_part(pg_catalog.text, pg_catalog.text, int) RETURNS pg_catalog.text LANGUAGE plpgsql AS $$` + fail + `$$`,
 		`CREATE FUNCTION evil.clock_timestamp() RETURNS timestamptz LANGUAGE plpgsql AS $$` + fail + `$$`,
 		`CREATE FUNCTION evil.pg_advisory_xact_lock_shared(int, int) RETURNS void LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.eq(pg_catalog.text, pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.add(int, int) RETURNS int LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.gt(timestamptz, timestamptz) RETURNS boolean LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.ne(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.field(jsonb, pg_catalog.text) RETURNS pg_catalog.text LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE OPERATOR evil.= (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text, FUNCTION = evil.eq)`,
+		`CREATE OPERATOR evil.+ (LEFTARG = int, RIGHTARG = int, FUNCTION = evil.add)`,
+		`CREATE OPERATOR evil.> (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = evil.gt)`,
+		`CREATE OPERATOR evil.<> (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.ne)`,
+		`CREATE OPERATOR evil.->> (LEFTARG = jsonb, RIGHTARG = pg_catalog.text, FUNCTION = evil.field)`,
+		`CREATE FUNCTION evil.length(pg_catalog.text) RETURNS int LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.substr(pg_catalog.text, int) RETURNS pg_catalog.text LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.left(pg_catalog.text, int) RETURNS pg_catalog.text LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.translate(pg_catalog.text, pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.text LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.hashtext(pg_catalog.text) RETURNS int LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.format(pg_catalog.text, bigint, bigint, name, name) RETURNS pg_catalog.text LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.to_jsonb(anyelement) RETURNS jsonb LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.jsonb_build_object(pg_catalog.text, bigint) RETURNS jsonb LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE FUNCTION evil.jsonb_populate_record(anyelement, jsonb) RETURNS anyelement LANGUAGE plpgsql AS $$` + fail + `$$`,
+		`CREATE TABLE public.other (id int PRIMARY KEY, v text, epoch bigint NOT NULL DEFAULT 0)`,
+		`SELECT pgfence.protect('public.other', 'epoch')`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON public.other TO PUBLIC`,
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -65,23 +87,42 @@ func TestHostileSearchPath(t *testing.T) {
 			return err
 		})
 	}
-	if err := write(fence, `INSERT INTO public.mine (id, v) VALUES (1, 'a')`); err != nil {
-		t.Fatalf("fenced INSERT under a hostile search_path: %v", err)
+	// public.other's fence column is "epoch": the guard's jsonb path.
+	for _, table := range []string{"public.mine", "public.other"} {
+		for _, q := range []string{
+			`INSERT INTO ` + table + ` (id, v) VALUES (1, 'a'), (2, 'a')`,
+			`UPDATE ` + table + ` SET v = 'b'`,
+			`DELETE FROM ` + table + ` WHERE id = 2`,
+		} {
+			if err := write(fence, q); err != nil {
+				t.Fatalf("fenced %q under a hostile search_path: %v", q, err)
+			}
+		}
+		for _, q := range []string{`UPDATE ` + table + ` SET v = 'c'`, `DELETE FROM ` + table} {
+			if err := write(fence-1, q); sqlstateOf(err) != "PF001" || strings.Contains(err.Error(), "hijacked") {
+				t.Fatalf("stale %q under a hostile search_path: %v, want PF001", q, err)
+			}
+		}
 	}
-	if err := write(fence, `UPDATE public.mine SET v = 'b'`); err != nil {
-		t.Fatalf("fenced UPDATE under a hostile search_path: %v", err)
+	err := write(fence+1, `UPDATE public.mine SET v = 'c'`)
+	if st := sqlstateOf(err); st != "PF001" || strings.Contains(err.Error(), "hijacked") {
+		t.Fatalf("UPDATE with a fence not granted under a hostile search_path: %v, want PF001", err)
 	}
-	err := write(fence-1, `UPDATE public.mine SET v = 'c'`)
-	if st := sqlstateOf(err); st != "PF001" {
-		t.Fatalf("stale UPDATE under a hostile search_path: %v, want PF001", err)
+	if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE public.mine SET v = 'c'`)
+		return err
+	}); sqlstateOf(err) != "PF002" || strings.Contains(err.Error(), "hijacked") {
+		t.Fatalf("undeclared UPDATE under a hostile search_path: %v, want PF002", err)
 	}
 	err = write(0, `UPDATE public.mine SET v = 'c'`)
 	if st := sqlstateOf(err); st != "PF002" || strings.Contains(err.Error(), "hijacked") {
 		t.Fatalf("declaring fence 0 under a hostile search_path: %v, want PF002", err)
 	}
-	var v string
-	if err := app.QueryRow(ctx, `SELECT v FROM public.mine WHERE id = 1`).Scan(&v); err != nil || v != "b" {
-		t.Fatalf("row = %q, %v; want b", v, err)
+	for _, table := range []string{"public.mine", "public.other"} {
+		var rows string
+		if err := app.QueryRow(ctx, `SELECT string_agg(id || v, ',') FROM `+table).Scan(&rows); err != nil || rows != "1b" {
+			t.Fatalf("%s holds %q, %v; want 1b", table, rows, err)
+		}
 	}
 }
 

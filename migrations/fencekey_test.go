@@ -1,0 +1,87 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// TestFenceKeyUpgradeWaitsForFencedTransactions: migration 9 re-keys the
+// fence lock. A fenced transaction open when it runs holds the lock under
+// the old key, which a takeover after the upgrade would not wait for; so
+// the migration waits until every such transaction has ended. Without
+// its LOCK TABLE, Up returns while the writer is still open.
+func TestFenceKeyUpgradeWaitsForFencedTransactions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	u := pgtest.EmptyURL(t)
+	admin := connect(t, u)
+	// Version 8, as the migrations before this one leave it.
+	for v := 1; v <= 8; v++ {
+		names, err := fs.Glob(migrations.FS, fmt.Sprintf("%06d_*.up.sql", v))
+		if err != nil || len(names) != 1 {
+			t.Fatalf("migration %d: %v, %v", v, names, err)
+		}
+		sql, err := fs.ReadFile(migrations.FS, names[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, string(sql)); err != nil {
+			t.Fatalf("%s: %v", names[0], err)
+		}
+	}
+	if _, err := admin.Exec(ctx, `
+CREATE TABLE `+migrations.Table+` (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+INSERT INTO `+migrations.Table+` VALUES (8, false);
+CREATE TABLE accounts (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0);
+SELECT pgfence.protect('accounts');`); err != nil {
+		t.Fatal(err)
+	}
+	var fence int64
+	if err := admin.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('job', 'me', 60000000) WHERE granted`).Scan(&fence); err != nil {
+		t.Fatal(err)
+	}
+
+	writer := connect(t, u)
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT pgfence.declare_token('job', $1)`, fence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO accounts (id) VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+
+	up := make(chan error, 1)
+	go func() { up <- migrations.Up(ctx, u) }()
+	// The migration queues for pgfence.leases behind the open writer.
+	for waiting := false; !waiting; {
+		select {
+		case err := <-up:
+			t.Fatalf("Up returned (%v) while a fenced transaction of version 8 was open", err)
+		case <-time.After(20 * time.Millisecond): // polling pg_locks: nothing to wait on
+		}
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+			WHERE locktype = 'relation' AND relation = 'pgfence.leases'::regclass AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-up; err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	if v, dirty, err := migrations.Version(ctx, u); err != nil || v != latest(t) || dirty {
+		t.Fatalf("Version = %d, %v, %v; want %d", v, dirty, err, latest(t))
+	}
+}
