@@ -19,9 +19,12 @@ func TestDeadlineHeapOrder(t *testing.T) {
 	var in []*Lease
 	check := func() {
 		t.Helper()
-		for i, l := range h {
-			if l.dlPos != i+1 {
-				t.Fatalf("lease at %d has dlPos %d", i, l.dlPos)
+		for i, e := range h {
+			if e.l.dlPos != i+1 {
+				t.Fatalf("lease at %d has dlPos %d", i, e.l.dlPos)
+			}
+			if !e.at.Equal(e.l.deadline) {
+				t.Fatalf("lease at %d is ordered by %s, its deadline is %s", i, e.at, e.l.deadline)
 			}
 		}
 	}
@@ -34,7 +37,7 @@ func TestDeadlineHeapOrder(t *testing.T) {
 		case op == 2:
 			l := in[rng.IntN(len(in))]
 			l.deadline = base.Add(time.Duration(rng.IntN(1e6)) * time.Microsecond)
-			heap.Fix(&h, l.dlPos-1)
+			h.fix(l)
 		default:
 			i := rng.IntN(len(in))
 			heap.Remove(&h, in[i].dlPos-1)
@@ -153,5 +156,51 @@ func TestDeadlinesLoseInOrder(t *testing.T) {
 	}
 	if !errors.Is(released.Err(), ErrReleased) {
 		t.Errorf("released lease ended with %v, want ErrReleased", released.Err())
+	}
+}
+
+// A batch that moves most deadlines at once re-sorts the heap at its end:
+// the heap is then ordered as if each had been fixed, and the timer is
+// armed for the earliest deadline set. A small batch fixes as it goes.
+func TestDeadlineBatch(t *testing.T) {
+	t.Parallel()
+	c := &Client{}
+	rng := rand.New(rand.NewPCG(3, 4))
+	base := time.Now().Add(time.Hour) // the timer never fires
+	at := func() time.Time { return base.Add(time.Duration(rng.IntN(1e6)) * time.Microsecond) }
+	ls := make([]*Lease, 1000)
+	for i := range ls {
+		ls[i] = &Lease{}
+		c.setDeadlineLocked(ls[i], at())
+	}
+	defer c.dl.timer.Stop()
+	c.batchLocked(1)
+	if c.dl.batch {
+		t.Fatal("one deadline of 1000 moves in a batch")
+	}
+	c.batchLocked(800)
+	if !c.dl.batch {
+		t.Fatal("800 deadlines of 1000 do not move in a batch")
+	}
+	earliest := c.dl.armed
+	for _, l := range ls[:800] {
+		d := at().Add(-time.Millisecond)
+		c.setDeadlineLocked(l, d)
+		if d.Before(earliest) {
+			earliest = d
+		}
+	}
+	c.endBatchLocked()
+	if c.dl.batch || !c.dl.armed.Equal(earliest) {
+		t.Fatalf("after the batch: batch %v, armed for %s, want %s", c.dl.batch, c.dl.armed, earliest)
+	}
+	h := c.dl.h
+	for i, e := range h {
+		if e.l.dlPos != i+1 || !e.at.Equal(e.l.deadline) {
+			t.Fatalf("entry %d: dlPos %d, at %s, deadline %s", i, e.l.dlPos, e.at, e.l.deadline)
+		}
+		if i > 0 && e.at.Before(h[(i-1)/2].at) {
+			t.Fatalf("entry %d (%s) is before its parent (%s)", i, e.at, h[(i-1)/2].at)
+		}
 	}
 }

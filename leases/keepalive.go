@@ -2,8 +2,15 @@ package leases
 
 import (
 	"context"
+	"database/sql/driver"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // The keepalive is one goroutine per Client. It sleeps until the earliest
@@ -119,6 +126,7 @@ func (c *Client) keepalive() {
 	defer timer.Stop()
 	retry := retryMin
 	var retryAt time.Time
+	var buf renewBuf
 	for {
 		c.mu.Lock()
 		wake := c.nextDue
@@ -146,7 +154,7 @@ func (c *Client) keepalive() {
 			c.mu.Unlock()
 			continue
 		}
-		again := c.tick()
+		again := c.tick(&buf)
 		if again {
 			retryAt = time.Now().Add(jitter(retry))
 			retry = min(retry*2, retryMax)
@@ -157,9 +165,9 @@ func (c *Client) keepalive() {
 	}
 }
 
-// tick renews the due leases and expires orphaned grants. It reports whether
-// something must be retried soon.
-func (c *Client) tick() (again bool) {
+// tick renews the due leases, with buf's arrays, and expires orphaned
+// grants. It reports whether something must be retried soon.
+func (c *Client) tick(buf *renewBuf) (again bool) {
 	now := time.Now()
 	c.mu.Lock()
 	orphans := c.orphans
@@ -199,7 +207,7 @@ func (c *Client) tick() (again bool) {
 		// Bounded so that a silent network cannot stall the next tick past
 		// the earliest deadline; those deadlines fire on their own anyway.
 		ctx, cancel := context.WithTimeout(context.Background(), minTTL/3)
-		again = c.renewBatch(ctx, due, lostRenewRejected) || again
+		again = c.renewBatchBuf(ctx, due, lostRenewRejected, buf) || again
 		cancel()
 	}
 
@@ -226,10 +234,41 @@ type renewal struct {
 // one: lostRenewRejected); busy ones, and all of them on an error, stay
 // due.
 func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (again bool) {
-	names := make([]string, len(rs))
-	owners := make([]string, len(rs))
-	fences := make([]int64, len(rs))
-	ttls := make([]int64, len(rs))
+	return c.renewBatchBuf(ctx, rs, why, new(renewBuf))
+}
+
+// renewBuf holds renewBatch's arrays, so that the keepalive reuses them
+// from tick to tick instead of allocating them for every lease each time.
+// Only the keepalive goroutine uses its renewBuf.
+type renewBuf struct {
+	names, owners []string
+	fences, ttls  []int64
+	results       []renewResult
+}
+
+// renewResult is a row of a batched renewal.
+type renewResult struct {
+	i         int                // the renewal it reports on; -1: none
+	expiresAt pgtype.Timestamptz // not Valid: not renewed
+	busy      bool
+	handover  bool
+}
+
+// renewBatchBuf is renewBatch with buf's arrays. It clears them when done:
+// they keep no lease's name or owner reachable.
+func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause, buf *renewBuf) (again bool) {
+	n := len(rs)
+	names := slices.Grow(buf.names[:0], n)[:n]
+	owners := slices.Grow(buf.owners[:0], n)[:n]
+	fences := slices.Grow(buf.fences[:0], n)[:n]
+	ttls := slices.Grow(buf.ttls[:0], n)[:n]
+	results := slices.Grow(buf.results[:0], n)
+	defer func() {
+		clear(names)
+		clear(owners)
+		clear(results)
+		buf.names, buf.owners, buf.fences, buf.ttls, buf.results = names[:0], owners[:0], fences[:0], ttls[:0], results[:0]
+	}()
 	for i, r := range rs {
 		l := r.l
 		names[i], owners[i], fences[i], ttls[i] = l.name, l.owner, l.fence, r.ttl.Microseconds()
@@ -250,26 +289,24 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
 	var err error
 	defer func() { span.End(0, err) }()
-	rows, err := c.q.Query(ctx, sqlRenewBatch, names, owners, fences, ttls)
+	rows, err := c.q.Query(ctx, sqlRenewBatch, textArray(names), textArray(owners), int8Array(fences), int8Array(ttls))
 	if err != nil {
 		return failed(err)
 	}
-	type result struct {
-		l         *Lease
-		expiresAt *time.Time
-		busy      bool
-		handover  bool
-	}
-	results := make([]result, 0, len(rs))
-	m := rowMatcher{rs: rs}
+	m := rowMatcher{names: names}
+	var name rowName
+	var r renewResult
+	dest := []any{&name, &r.expiresAt, &r.busy, &r.handover} // for every row: no allocation per row
 	for rows.Next() {
-		var name string
-		var r result
-		if err := rows.Scan(&name, &r.expiresAt, &r.busy, &r.handover); err != nil {
+		if err := rows.Scan(dest...); err != nil {
 			rows.Close()
 			return failed(err)
 		}
-		r.l = m.lease(len(results), name)
+		if r.expiresAt.Valid && r.expiresAt.InfinityModifier != pgtype.Finite {
+			rows.Close()
+			return failed(errors.New("cannot scan an infinite expires_at into time.Time"))
+		}
+		r.i = m.index(len(results), name)
 		results = append(results, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -277,23 +314,29 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 	}
 	var lost []*Lease
 	c.mu.Lock()
+	c.batchLocked(len(results))
 	for _, r := range results {
+		if r.i < 0 {
+			continue
+		}
+		// names[r.i] is l.name: reading it spares a cache miss on l.
+		l, name := rs[r.i].l, names[r.i]
 		switch {
-		case r.l == nil:
-		case r.expiresAt != nil:
-			c.m.recordRenewal(r.l.name, renewRenewed)
-			c.renewedLocked(r.l, reqStart, *r.expiresAt)
+		case r.expiresAt.Valid:
+			c.m.recordRenewal(name, renewRenewed)
+			c.renewedLocked(l, reqStart, r.expiresAt.Time)
 			if r.handover {
-				c.handoverLocked(r.l)
+				c.handoverLocked(l)
 			}
 		case r.busy:
-			c.m.recordRenewal(r.l.name, renewBusy)
+			c.m.recordRenewal(name, renewBusy)
 			again = true
 		default:
-			c.m.recordRenewal(r.l.name, renewLost)
-			lost = append(lost, r.l)
+			c.m.recordRenewal(name, renewLost)
+			lost = append(lost, l)
 		}
 	}
+	c.endBatchLocked()
 	c.mu.Unlock()
 	for _, l := range lost {
 		c.lose(l, why, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
@@ -301,27 +344,90 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 	return again
 }
 
-// rowMatcher finds the lease a row of a batched statement reports on, by
+// rowMatcher finds the input a row of a batched statement reports on, by
 // name. The rows usually come one per input and in its order, so row i is
-// tried against rs[i] first, and a map by name is built only for rows that
-// come otherwise.
+// tried against input i first, and a map by name is built only for rows
+// that come otherwise.
 type rowMatcher struct {
-	rs     []renewal
-	byName map[string]*Lease
+	names  []string // the inputs' names
+	byName map[string]int
 }
 
-// lease returns the lease of rs named name, reported by row i; nil if none.
-func (m *rowMatcher) lease(i int, name string) *Lease {
-	if i < len(m.rs) && m.rs[i].l.name == name {
-		return m.rs[i].l
+// index returns the index of the input named name, reported by row i; -1
+// if none.
+func (m *rowMatcher) index(i int, name []byte) int {
+	if i < len(m.names) && m.names[i] == string(name) {
+		return i
 	}
 	if m.byName == nil {
-		m.byName = make(map[string]*Lease, len(m.rs))
-		for _, r := range m.rs {
-			m.byName[r.l.name] = r.l
+		m.byName = make(map[string]int, len(m.names))
+		for j, n := range m.names {
+			m.byName[n] = j
 		}
 	}
-	return m.byName[name]
+	if j, ok := m.byName[string(name)]; ok {
+		return j
+	}
+	return -1
+}
+
+// textArray and int8Array are text[] and bigint[] arguments. pgx, when it
+// knows the parameter's type, encodes them without boxing each element in
+// an interface (an allocation per element, as for a []string): Index
+// returns a pointer into the slice. Otherwise (pgx's exec and
+// simple_protocol modes, database/sql) they are array literals.
+type (
+	textArray []string
+	int8Array []int64
+	textElem  string
+	int8Elem  int64
+)
+
+func (a textArray) Dimensions() []pgtype.ArrayDimension { return dims(len(a)) }
+func (a textArray) Index(i int) any                     { return (*textElem)(&a[i]) }
+func (a textArray) IndexType() any                      { return new(textElem) }
+func (a textArray) Value() (driver.Value, error)        { return dbx.Args([]any{[]string(a)})[0], nil }
+func (a int8Array) Dimensions() []pgtype.ArrayDimension { return dims(len(a)) }
+func (a int8Array) Index(i int) any                     { return (*int8Elem)(&a[i]) }
+func (a int8Array) IndexType() any                      { return new(int8Elem) }
+func (a int8Array) Value() (driver.Value, error)        { return dbx.Args([]any{[]int64(a)})[0], nil }
+
+func (e *textElem) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*e), Valid: true}, nil
+}
+func (e *int8Elem) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*e), Valid: true}, nil
+}
+
+func dims(n int) []pgtype.ArrayDimension {
+	return []pgtype.ArrayDimension{{Length: int32(n), LowerBound: 1}}
+}
+
+// rowName is a lease name column, scanned without allocating per row: pgx
+// lends it the row's bytes (valid until the next row), database/sql copies
+// into it. NULL is an error, as it is for a string.
+type rowName []byte
+
+// ScanBytes implements pgtype.BytesScanner.
+func (n *rowName) ScanBytes(b []byte) error {
+	if b == nil {
+		return errors.New("cannot scan NULL into a lease name")
+	}
+	*n = b
+	return nil
+}
+
+// Scan implements sql.Scanner.
+func (n *rowName) Scan(src any) error {
+	switch src := src.(type) {
+	case string:
+		*n = append((*n)[:0], src...)
+	case []byte:
+		*n = append((*n)[:0], src...)
+	default:
+		return fmt.Errorf("cannot scan %T into a lease name", src)
+	}
+	return nil
 }
 
 // recheckLocked has the named lease renewed now, if this client holds
