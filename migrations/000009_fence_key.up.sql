@@ -21,9 +21,35 @@
 BEGIN;
 
 -- A fenced transaction holds the fence lock under the old key until it
--- ends, and has read pgfence.leases: this waits for all of them, and holds
--- back new ones until the functions below are in place.
-LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE;
+-- ends, and has read pgfence.leases. So the functions change only once no
+-- such transaction is open, and none starts before they have: this takes
+-- pgfence.leases exclusively. Each attempt queues for at most 100 ms —
+-- grants, renewals and fenced writes wait behind it that long at most, so
+-- no lease runs out meanwhile — and attempts go on for 10 minutes, time
+-- for a long fenced transaction (OnceTx's, say) to end.
+DO $$
+DECLARE
+    prev     text := pg_catalog.current_setting('lock_timeout');
+    deadline timestamptz := pg_catalog.clock_timestamp() + interval '10 minutes';
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+            LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF pg_catalog.clock_timestamp() > deadline THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'lock_not_available',
+                    MESSAGE = 'pgfence: transactions that read pgfence.leases stayed open for 10 minutes; nothing was changed',
+                    HINT    = 'end the long fenced transactions (pg_stat_activity), then run: migrate force 8 and migrate again';
+            END IF;
+            PERFORM pg_catalog.pg_sleep(0.5);
+        END;
+    END LOOP;
+    PERFORM pg_catalog.set_config('lock_timeout', prev, true);
+END
+$$;
 
 -- token_fence, as before, with the fence lock keyed by hashtext.
 CREATE OR REPLACE FUNCTION pgfence.token_fence(tbl regclass) RETURNS bigint

@@ -14,8 +14,9 @@ import (
 // TestFenceKeyUpgradeWaitsForFencedTransactions: migration 9 re-keys the
 // fence lock. A fenced transaction open when it runs holds the lock under
 // the old key, which a takeover after the upgrade would not wait for; so
-// the migration waits until every such transaction has ended. Without
-// its LOCK TABLE, Up returns while the writer is still open.
+// the migration waits until every such transaction has ended, without
+// holding up other lease traffic meanwhile. Without its LOCK TABLE, Up
+// returns while the writer is still open.
 func TestFenceKeyUpgradeWaitsForFencedTransactions(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -74,6 +75,21 @@ SELECT pgfence.protect('accounts');`); err != nil {
 			WHERE locktype = 'relation' AND relation = 'pgfence.leases'::regclass AND NOT granted)`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Lease traffic is not held up meanwhile: each attempt of the
+	// migration queues for 100 ms at most (3 s is a generous bound for a
+	// loaded machine).
+	other := connect(t, u)
+	actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+	defer acancel()
+	var granted bool
+	if err := other.QueryRow(actx, `SELECT granted FROM pgfence.try_acquire('other', 'me', 60000000)`).Scan(&granted); err != nil || !granted {
+		t.Fatalf("a grant while the migration waits: %v, %v", granted, err)
+	}
+	select {
+	case err := <-up:
+		t.Fatalf("Up returned (%v) while a fenced transaction of version 8 was open", err)
+	default:
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
