@@ -21,27 +21,14 @@ import (
 func TestForceReleaseFrozenHolder(t *testing.T) {
 	t.Parallel()
 	url, pool, ctx := protectedWork(t)
-	holderPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "frozen-holder" })
-	holder := newClient(t, holderPool)
+	holder := newClient(t, pool)
 	l, err := holder.TryAcquire(ctx, "job", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	frozen, err := holderPool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(frozen.Release)
+	frozen := namedConn(t, ctx, url, "frozen-holder")
 	frozenPID := int64(frozen.Conn().PgConn().PID())
-	for _, q := range []string{
-		`BEGIN`,
-		`SELECT pgfence.declare_token('job', ` + itoa(l.Fence()) + `)`,
-		`INSERT INTO work VALUES (1)`, // share-locks the lease row until COMMIT, which never comes
-	} {
-		if _, err := frozen.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	openFencedWrite(t, ctx, frozen, l) // its COMMIT never comes
 
 	// The admin's pool: ample, and a single connection, on which the
 	// blocker watcher cannot look while the force-release waits (as when
@@ -98,6 +85,38 @@ func protectedWork(t *testing.T) (string, *pgxpool.Pool, context.Context) {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
+// namedConn returns a connection to url, from a pool of its own whose
+// sessions are named app (application_name); it is released when the test
+// ends.
+func namedConn(t *testing.T, ctx context.Context, url, app string) *pgxpool.Conn {
+	t.Helper()
+	pool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return conn
+}
+
+// openFencedWrite leaves a transaction open on conn that has written a row
+// of "work" under l's token, and so holds l's fence lock until it ends.
+func openFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l *Lease) {
+	t.Helper()
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`BEGIN`, nil},
+		{`SELECT pgfence.declare_token($1, $2)`, []any{l.Name(), l.Fence()}},
+		{`INSERT INTO work VALUES (1)`, nil},
+	} {
+		if _, err := conn.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatalf("%s: %v", q.sql, err)
+		}
+	}
+}
+
 // TestForceReleaseBehindAFenceLockSquatter: any role may take any advisory
 // lock, so a session that holds a lease's fence lock exclusively, without
 // writing anything, stalls the lease's fenced writes and its force-release
@@ -111,12 +130,7 @@ func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	squatterPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "squatter" })
-	squatter, err := squatterPool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { squatter.Release() })
+	squatter := namedConn(t, ctx, url, "squatter")
 	if _, err := squatter.Exec(ctx, `SELECT pg_advisory_lock(1885824614, hashtext('job'))`); err != nil {
 		t.Fatal(err)
 	}
@@ -159,15 +173,8 @@ func TestFenceHoldersNamesAnOpenFencedWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	writerPool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = "writer" })
-	writer, err := writerPool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer writer.Release()
-	if _, err := writer.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); INSERT INTO work VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
+	writer := namedConn(t, ctx, url, "writer")
+	openFencedWrite(t, ctx, writer, l)
 	bs, err := queryBackends(ctx, pool, sqlFenceHolders, "job", int64(0))
 	if err != nil || len(bs) != 1 || bs[0].PID != int64(writer.Conn().PgConn().PID()) || bs[0].Application != "writer" {
 		t.Fatalf("fence-lock holders = %+v, %v; want the open writer %d", bs, err, writer.Conn().PgConn().PID())
