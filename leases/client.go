@@ -58,7 +58,6 @@ type Client struct {
 	held      map[string]*Lease // by name: renewed by the keepalive
 	releasing map[string]int    // names whose Release has not returned yet
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
-	due       []renewal         // the keepalive's buffer of due renewals, reused by each tick (keepalive goroutine only)
 	dl        deadlines         // held leases' local deadlines (deadline.go)
 	orphans   []*Lease          // lost at the local deadline; grants to end
 	queues    map[string]*queue // waiting acquirers per name

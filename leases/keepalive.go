@@ -165,14 +165,14 @@ func (c *Client) keepalive() {
 	}
 }
 
-// tick renews the due leases, with buf's arrays, and expires orphaned
+// tick renews the due leases, with buf's slices, and expires orphaned
 // grants. It reports whether something must be retried soon.
 func (c *Client) tick(buf *renewBuf) (again bool) {
 	now := time.Now()
 	c.mu.Lock()
 	orphans := c.orphans
 	c.orphans = nil
-	due := c.due[:0] // reused: a tick of 10,000 leases would grow a new one each time
+	due := buf.due[:0] // reused: a tick of 10,000 leases would grow a new one each time
 	var minTTL time.Duration
 	for _, l := range c.held {
 		if l.nextRenew.After(now.Add(l.ttl / 12)) {
@@ -193,7 +193,7 @@ func (c *Client) tick(buf *renewBuf) (again bool) {
 			r.l.renewMu.Unlock()
 		}
 		clear(due) // keep no lease reachable from the buffer
-		c.due = due[:0]
+		buf.due = due[:0]
 	}()
 
 	if len(orphans) > 0 {
@@ -237,10 +237,11 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 	return c.renewBatchBuf(ctx, rs, why, new(renewBuf))
 }
 
-// renewBuf holds renewBatch's arrays, so that the keepalive reuses them
-// from tick to tick instead of allocating them for every lease each time.
-// Only the keepalive goroutine uses its renewBuf.
+// renewBuf holds tick's due renewals and renewBatch's arrays, so that the
+// keepalive reuses them from tick to tick instead of allocating them for
+// every lease each time. Only the keepalive goroutine uses its renewBuf.
 type renewBuf struct {
+	due           []renewal
 	names, owners []string
 	fences, ttls  []int64
 	results       []renewResult
