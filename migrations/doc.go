@@ -37,7 +37,7 @@
 //     protected table after protect ran.
 //
 // Migration 5 adds lease data and hand-over requests; migration 6
-// once-per-period records, minimum holds and semaphores. Migrations 7 to 9
+// once-per-period records, minimum holds and semaphores. Migrations 7 to 10
 // make grants and fenced writes cheaper without changing what they check.
 //
 // Each migration file argues its rules; docs/design.md has the threat
