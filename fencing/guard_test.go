@@ -74,31 +74,34 @@ func TestNoToken(t *testing.T) {
 	// spell a fence as PostgreSQL writes a bigint: any other form is no
 	// token, whether or not its value is the current grant's; digits of
 	// the right form but another value are stale, even beyond bigint's
-	// range.
+	// range. The same at every isolation level (the guard checks READ
+	// COMMITTED itself, and calls token_fence otherwise).
 	f := strconv.FormatInt(tok.Fence, 10)
-	declare := func(digits string) error {
-		return pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(bg, `SELECT set_config('pgfence.token', pg_current_xact_id()::text || ':' || $1 || ':job', true)`, digits); err != nil {
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		declare := func(digits string) error {
+			return pgx.BeginTxFunc(bg, pool, pgx.TxOptions{IsoLevel: iso}, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(bg, `SELECT set_config('pgfence.token', pg_current_xact_id()::text || ':' || $1 || ':job', true)`, digits); err != nil {
+					return err
+				}
+				_, err := tx.Exec(bg, `UPDATE items SET v = $1`, "changed "+string(iso))
 				return err
+			})
+		}
+		for _, bad := range []string{"", "0", "0" + f, "+" + f, " " + f, f + " ", "-" + f, f + "x", "abc", "1e5", "12345678901234567890"} {
+			if err := declare(bad); !fencing.IsNoToken(err) {
+				t.Fatalf("%s: fence digits %q declared by hand: %v, want no token", iso, bad, err)
 			}
-			_, err := tx.Exec(bg, `UPDATE items SET v = 'changed'`)
-			return err
-		})
-	}
-	for _, bad := range []string{"", "0", "0" + f, "+" + f, " " + f, f + " ", "-" + f, f + "x", "abc", "1e5", "12345678901234567890"} {
-		if err := declare(bad); !fencing.IsNoToken(err) {
-			t.Fatalf("fence digits %q declared by hand: %v, want no token", bad, err)
 		}
-	}
-	for _, stale := range []string{strconv.FormatInt(tok.Fence+1, 10), strconv.FormatInt(tok.Fence-1, 10), "9223372036854775807", "9999999999999999999"} {
-		if err := declare(stale); !fencing.IsStale(err) {
-			t.Fatalf("fence digits %q declared by hand: %v, want stale", stale, err)
+		for _, stale := range []string{strconv.FormatInt(tok.Fence+1, 10), strconv.FormatInt(tok.Fence-1, 10), "9223372036854775807", "9999999999999999999"} {
+			if err := declare(stale); !fencing.IsStale(err) {
+				t.Fatalf("%s: fence digits %q declared by hand: %v, want stale", iso, stale, err)
+			}
 		}
+		if err := declare(f); err != nil {
+			t.Fatalf("%s: the current fence declared by hand: %v", iso, err)
+		}
+		wantItem(t, pool, 1, "changed "+string(iso), tok.Fence)
 	}
-	if err := declare(f); err != nil {
-		t.Fatalf("the current fence declared by hand: %v", err)
-	}
-	wantItem(t, pool, 1, "changed", tok.Fence)
 	// InTx maps PF002 to ErrNoToken: a transaction that clears its own
 	// token is the only way to get there through the package.
 	err := fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {

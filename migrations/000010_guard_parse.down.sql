@@ -1,6 +1,61 @@
--- Reverts 000010_guard_parse.up.sql: fence_guard as migration 9 left it,
--- verbatim.
+-- Reverts 000010_guard_parse.up.sql: token_fence and fence_guard as
+-- migration 9 left them, verbatim.
 BEGIN;
+
+CREATE OR REPLACE FUNCTION pgfence.token_fence(tbl regclass) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    decl    text := current_setting('pgfence.token', true);
+    xid     text;
+    digits  text;
+    lease   text;
+    tok     bigint;
+    current bigint;
+BEGIN
+    IF decl IS NULL OR decl = '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PF002',
+            MESSAGE = format('pgfence: write to %s declares no fencing token', tbl),
+            HINT    = 'write through fencing.Begin or fencing.InTx, or SELECT pgfence.declare_token(lease, fence) in the same transaction first';
+    END IF;
+    -- "xid:fence:lease", as declare_token writes it. Parsed with string
+    -- functions: a regular expression costs more than the rest of the
+    -- guard together.
+    xid    := split_part(decl, ':', 1);
+    digits := split_part(decl, ':', 2);
+    lease  := substr(decl, length(xid) + length(digits) + 3);
+    IF xid <> pg_current_xact_id()::text OR lease = ''
+       OR length(digits) NOT BETWEEN 1 AND 19 OR left(digits, 1) = '0' OR translate(digits, '0123456789', '') <> '' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PF002',
+            MESSAGE = format('pgfence: write to %s declares no fencing token for this transaction', tbl),
+            HINT    = 'a token is declared per transaction with pgfence.declare_token; a session-level or earlier declaration is not honoured';
+    END IF;
+    tok := digits::bigint;
+    PERFORM pg_advisory_xact_lock_shared(1885824614, pg_catalog.hashtext(lease));
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT l.fence INTO current
+          FROM pgfence.leases AS l
+         WHERE l.name = lease
+           AND l.expires_at > clock_timestamp();
+    ELSE
+        SELECT l.fence INTO current
+          FROM pgfence.leases AS l
+         WHERE l.name = lease
+           AND l.expires_at > clock_timestamp()
+           FOR SHARE;
+    END IF;
+    IF current IS DISTINCT FROM tok THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PF001',
+            MESSAGE = format('pgfence: stale fencing token: lease %L fence %s is not the current unexpired grant (current %s)',
+                             lease, tok, coalesce(current::text, 'none'));
+    END IF;
+    RETURN tok;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION pgfence.fence_guard() RETURNS trigger
     LANGUAGE plpgsql
