@@ -39,6 +39,8 @@
 // Migration 5 adds lease data and hand-over requests; migration 6
 // once-per-period records, minimum holds and semaphores. Migrations 7 to 10
 // make grants and fenced writes cheaper without changing what they check.
+// Migration 11 makes pgfence.grant_roles() grant migration 5's functions
+// too (for roles created after the migrations).
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.

@@ -51,6 +51,7 @@ func TestClientRoleOnceAndSemaphores(t *testing.T) {
 		`DELETE FROM pgfence.once`,
 		`UPDATE pgfence.once SET fence = 1`,
 		`SELECT pgfence.grant_roles_4()`,
+		`SELECT pgfence.grant_roles_6()`,
 	} {
 		_, err := app.Exec(ctx, q)
 		if st := sqlstateOf(err); st != "42501" {
