@@ -9,7 +9,14 @@
 -- As migration 6 did, grant_roles is renamed (grant_roles_6) and called
 -- first by the new one. The migration ends by calling it, which mends a
 -- database whose roles were granted that way before.
+--
+-- It also takes EXECUTE on grant_roles_4 (migration 4's grant_roles,
+-- renamed by migration 6) from PUBLIC, which had it by default: harmless,
+-- as it runs with its caller's privileges, but nothing else in schema
+-- pgfence is PUBLIC's except protect.
 BEGIN;
+
+REVOKE ALL ON FUNCTION pgfence.grant_roles_4() FROM PUBLIC;
 
 ALTER FUNCTION pgfence.grant_roles() RENAME TO grant_roles_6;
 

@@ -81,3 +81,35 @@ func TestGrantRolesRestoresEveryPrivilege(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingIsPublics: PUBLIC may use nothing in schema pgfence but
+// protect (any table owner may guard a table) — not by a grant, and not by
+// PostgreSQL's default for a routine that was never granted or revoked
+// (EXECUTE for PUBLIC).
+func TestNothingIsPublics(t *testing.T) {
+	t.Parallel()
+	conn := connect(t, pgtest.URL(t))
+	rows, err := conn.Query(context.Background(), `
+SELECT p.oid::regprocedure::text
+  FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+ WHERE p.pronamespace = 'pgfence'::regnamespace AND a.grantee = 0
+UNION ALL
+SELECT c.oid::regclass::text
+  FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+ WHERE c.relnamespace = 'pgfence'::regnamespace AND a.grantee = 0
+UNION ALL
+SELECT 'schema ' || n.nspname
+  FROM pg_namespace n, aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+ WHERE n.nspname = 'pgfence' AND a.grantee = 0
+ ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	public, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(public, []string{"pgfence.protect(regclass,name)"}) {
+		t.Fatalf("PUBLIC's in schema pgfence: %v, want only pgfence.protect(regclass,name)", public)
+	}
+}
