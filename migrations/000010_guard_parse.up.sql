@@ -1,7 +1,6 @@
 -- pgfence fenced writes, version 10: the same checks as migration 9, for
--- a ninth less of the server work that fencing adds to a one-row
--- transaction (counted in instructions; docs/performance.md has the
--- figures).
+-- 9 % less of the server work that fencing adds to a one-row transaction
+-- (counted in instructions; docs/performance.md has the figures).
 --
 -- fence_guard no longer checks the form of the token's fence digits on
 -- every write (13 k instructions of string functions, translate and left
