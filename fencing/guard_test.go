@@ -70,6 +70,7 @@ func TestNoToken(t *testing.T) {
 		})
 		wantNoToken(t, err)
 	}
+	wantItem(t, pool, 1, "one", tok.Fence)
 	// Declared by hand for this very transaction, the fence digits must
 	// spell a fence as PostgreSQL writes a bigint: any other form is no
 	// token, whether or not its value is the current grant's; digits of
