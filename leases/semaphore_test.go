@@ -201,8 +201,11 @@ func TestSemaphoreContention(t *testing.T) {
 	for err := range errs {
 		t.Errorf("Run: %v", err)
 	}
-	if m := most.Load(); m > slots || m < 2 {
-		t.Errorf("at most %d holders at once, want between 2 and %d", m, slots)
+	// Never more than the slots. (That the slots admit as many holders at
+	// once is TestSemaphoreSlots's to show: here, on a loaded machine,
+	// holds of 2 ms need not overlap at all.)
+	if m := most.Load(); m > slots || m < 1 {
+		t.Errorf("at most %d holders at once, want between 1 and %d", m, slots)
 	}
 	total := 0
 	for slot, ls := range grants {
