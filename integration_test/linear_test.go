@@ -31,14 +31,19 @@ type opRecord struct {
 	Out      string `json:"out,omitempty"`
 	OutFence int64  `json:"out_fence,omitempty"` // grant: the fence; read: the row's fence
 	OutValue int64  `json:"out_value,omitempty"` // read: the row's value
+	// Forced: a write the parent commanded ("write FENCE"), not one of the
+	// worker's own.
+	Forced bool `json:"forced,omitempty"`
 }
 
 // roleLinear performs random operations on lease cfg.Name and row 1 of the
 // register table cfg.Table, reporting each as a call and a ret event, until
 // the parent sends "stop" (or closes stdin) or cfg.Periods operations are
-// recorded. The command "write" makes its next operation a write with the token
-// of the last lease it was granted, whether or not it still holds it: a
-// holder that paused between its check and its write.
+// recorded. The command "write FENCE" makes its next operation a write with
+// the token of its grant with that fence, whether or not it still holds it
+// (a holder that paused between its check and its write), recorded as
+// Forced: the parent finds it by that, not by when it came, as the worker
+// may finish other operations first.
 func roleLinear(ctx context.Context, wk *workerSide) error {
 	cfg := wk.cfg
 	pool, client, closeAll, err := workerLeases(ctx, wk)
@@ -49,7 +54,8 @@ func roleLinear(ctx context.Context, wk *workerSide) error {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(os.Getpid())))
 	table := pgx.Identifier{cfg.Table}.Sanitize()
 
-	var cur, last *leases.Lease // cur: believed held; last: most recent grant
+	var cur *leases.Lease                // believed held
+	granted := map[int64]fencing.Token{} // every grant's token, by fence
 	seq := 0
 	run := func(op opRecord, do func(ctx context.Context, op *opRecord)) {
 		seq++
@@ -62,9 +68,9 @@ func roleLinear(ctx context.Context, wk *workerSide) error {
 		op.Ret = time.Now().UnixNano()
 		wk.emit(event{Ev: "ret", Op: &op})
 	}
-	write := func(tok fencing.Token) {
+	write := func(tok fencing.Token, forced bool) {
 		value := int64(rng.Uint32())<<8 | int64(seq&0xff) + 1
-		run(opRecord{Kind: "write", Fence: tok.Fence, Value: value}, func(ctx context.Context, op *opRecord) {
+		run(opRecord{Kind: "write", Fence: tok.Fence, Value: value, Forced: forced}, func(ctx context.Context, op *opRecord) {
 			err := fencing.InTx(ctx, pool, tok, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+table+" (id, value, fence) VALUES (1, $1, $2) "+
 					"ON CONFLICT (id) DO UPDATE SET value = EXCLUDED.value, fence = EXCLUDED.fence", op.Value, op.Fence)
@@ -80,7 +86,7 @@ func roleLinear(ctx context.Context, wk *workerSide) error {
 			}
 		})
 	}
-	forceWrite := false
+	var forced *fencing.Token // a commanded write, next
 	for seq < cfg.Periods {
 		select {
 		case c, ok := <-wk.cmds:
@@ -88,17 +94,25 @@ func roleLinear(ctx context.Context, wk *workerSide) error {
 				wk.emit(event{Ev: "done"})
 				return nil
 			}
-			forceWrite = c == "write"
+			var fence int64
+			if _, err := fmt.Sscanf(c, "write %d", &fence); err != nil {
+				return fmt.Errorf("command %q: want stop or write FENCE", c)
+			}
+			tok, ok := granted[fence]
+			if !ok {
+				return fmt.Errorf("command %q: this worker was never granted fence %d", c, fence)
+			}
+			forced = &tok
 		default:
 		}
 		time.Sleep(time.Duration(5+rng.IntN(20)) * time.Millisecond) // pace: let clients interleave
-		if cur != nil && cur.Err() != nil && !forceWrite {
+		if cur != nil && cur.Err() != nil {
 			cur = nil // noticed the loss: campaign again
 		}
 		switch dice := rng.IntN(100); {
-		case forceWrite && last != nil:
-			forceWrite = false
-			write(last.Token())
+		case forced != nil:
+			write(*forced, true)
+			forced = nil
 		case cur == nil:
 			// Only grants are recorded: a TryAcquire that finds the lease
 			// held changes nothing, and one in flight when the worker dies
@@ -115,13 +129,13 @@ func roleLinear(ctx context.Context, wk *workerSide) error {
 			op := opRecord{Seq: seq, Kind: "grant", Call: call, Out: "unknown"}
 			if err == nil {
 				op.Out, op.OutFence = "ok", l.Fence()
-				cur, last = l, l
+				cur, granted[l.Fence()] = l, l.Token()
 			}
 			wk.emit(event{Ev: "call", Op: &op})
 			op.Ret = time.Now().UnixNano()
 			wk.emit(event{Ev: "ret", Op: &op})
 		case dice < 45:
-			write(cur.Token())
+			write(cur.Token(), false)
 		case dice < 75:
 			run(opRecord{Kind: "read"}, func(ctx context.Context, op *opRecord) {
 				err := pool.QueryRow(ctx, "SELECT value, fence FROM "+table+" WHERE id = 1").Scan(&op.OutValue, &op.OutFence)

@@ -161,8 +161,7 @@ func checkLinearizable(t *testing.T, bypass bool) porcupine.CheckResult {
 		err := pool.QueryRow(ctx, "SELECT coalesce(max(fence), 0) FROM reg").Scan(&f)
 		return f > fence, err
 	})
-	ws[holder].send("write")
-	resumed := time.Now().UnixNano()
+	ws[holder].send(fmt.Sprintf("write %d", fence))
 	ws[holder].kill(syscall.SIGCONT)
 	t.Logf("stopped holder c%d (fence %d) until another wrote; then it wrote with its old token", holder, fence)
 
@@ -202,9 +201,8 @@ func checkLinearizable(t *testing.T, bypass bool) porcupine.CheckResult {
 		history = append(history, ops...)
 		for _, op := range ops {
 			in, out := op.Input.(opRecord), op.Output.(opRecord)
-			if i == holder && in.Kind == "write" && in.Call >= resumed && op.Return != math.MaxInt64 &&
-				(staleWrite == nil || in.Call < staleWrite.Call) {
-				staleWrite = &out // its first write after it resumed
+			if i == holder && in.Forced && op.Return != math.MaxInt64 {
+				staleWrite = &out // the write commanded as it resumed
 			}
 		}
 	}
