@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/leases"
@@ -49,8 +50,24 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 			alive = append(alive, w)
 		}
 	}
-	sleeper, frozen := firstEvent(t, alive, "holding")
-	sleeper.kill(syscall.SIGSTOP)
+	// The frozen holder must be stopped outside a transaction: stopped in
+	// its end-of-hold fenced transaction, it would hold its slot's fence
+	// lock, and the takeover waits for that transaction (by design) until
+	// it resumes, which this test does only after the takeover.
+	var sleeper *worker
+	var frozen event
+	for attempt := 1; ; attempt++ {
+		sleeper, frozen = firstEvent(t, alive, "holding")
+		sleeper.kill(syscall.SIGSTOP)
+		if !inTransaction(t, pool, sleeper.id) {
+			break
+		}
+		t.Logf("stopped %s inside a transaction: resumed it, choosing again", sleeper.id)
+		if attempt == 10 {
+			t.Fatalf("%d stops of a holder all landed inside a transaction", attempt)
+		}
+		sleeper.kill(syscall.SIGCONT)
+	}
 	t.Logf("SIGSTOPped %s holding slot %d (fence %d)", sleeper.id, frozen.Period, frozen.Fence)
 	// Its slot is granted again, then it resumes.
 	mustWait(t, time.Minute, "the frozen holder's slot granted again", func() (bool, error) {
@@ -137,6 +154,23 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 		t.Errorf("%d holds without an end, want 1 or 2 (the killed and the frozen worker's)", open)
 	}
 	t.Logf("%d holds, at most %d at once, %d never ended", len(holds), most, open)
+}
+
+// inTransaction waits until no backend of the stopped worker id (its
+// application_name) runs a statement, then reports whether one of them is
+// inside a transaction. A statement the worker sent before it stopped is
+// either answered by then, or a BEGIN not yet read, which takes no lock.
+func inTransaction(t *testing.T, pool *pgxpool.Pool, id string) bool {
+	t.Helper()
+	var open int
+	mustWait(t, 30*time.Second, id+"'s backends idle", func() (bool, error) {
+		var active int
+		err := pool.QueryRow(ctxT(t, 10*time.Second), `
+SELECT count(*) FILTER (WHERE state = 'active'), count(*) FILTER (WHERE xact_start IS NOT NULL)
+  FROM pg_stat_activity WHERE application_name = $1`, id).Scan(&active, &open)
+		return active == 0, err
+	})
+	return open > 0
 }
 
 // firstEvent reads the events of ws as they come and returns the first
