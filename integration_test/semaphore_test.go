@@ -157,7 +157,7 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 }
 
 // inTransaction waits until no backend of the stopped worker id (its
-// application_name) runs a statement, then reports whether one of them is
+// application_name, in this test's database) runs a statement, then reports whether one of them is
 // inside a transaction. A statement the worker sent before it stopped is
 // either answered by then, or a BEGIN not yet read, which takes no lock.
 func inTransaction(t *testing.T, pool *pgxpool.Pool, id string) bool {
@@ -167,7 +167,7 @@ func inTransaction(t *testing.T, pool *pgxpool.Pool, id string) bool {
 		var active int
 		err := pool.QueryRow(ctxT(t, 10*time.Second), `
 SELECT count(*) FILTER (WHERE state = 'active'), count(*) FILTER (WHERE xact_start IS NOT NULL)
-  FROM pg_stat_activity WHERE application_name = $1`, id).Scan(&active, &open)
+  FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, id).Scan(&active, &open)
 		return active == 0, err
 	})
 	return open > 0
