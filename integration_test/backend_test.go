@@ -56,14 +56,8 @@ func TestKilledBackend(t *testing.T) {
 		if err := lk.Unlock(ctx); !errors.Is(err, pglock.ErrLost) {
 			t.Errorf("Unlock after the loss = %v, want an error wrapping ErrLost", err)
 		}
-		// The name is free again for everyone, once the backend is gone: it
-		// sends the FATAL message that closes Done before it exits and
-		// releases its locks.
-		mustWait(t, 30*time.Second, "the terminated backend to release its locks", func() (bool, error) {
-			var held bool
-			err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1)`, pid).Scan(&held)
-			return !held, err
-		})
+		// The name is free again for everyone, once the backend is gone.
+		awaitLocksReleased(t, admin, pid)
 		lk2, err := newLocker(t, admin).TryLock(ctx, "victim")
 		if err != nil {
 			t.Fatalf("TryLock after the loss: %v", err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/pglock"
@@ -87,7 +88,23 @@ func TestDriversLockLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryLock: %v", err)
 		}
-		mustExec(t, admin, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder' AND datname = current_database()`)
+		var pids []int32
+		rows, err := admin.Query(ctx, `SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
+		 WHERE application_name = 'holder' AND datname = current_database()`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int32
+		var ok bool
+		_, err = pgx.ForEachRow(rows, []any{&pid, &ok}, func() error {
+			if ok {
+				pids = append(pids, pid)
+			}
+			return nil
+		})
+		if err != nil || len(pids) == 0 {
+			t.Fatalf("terminate the holder's backends: %v, %v", pids, err)
+		}
 		// Over pgx the socket tells within milliseconds; over database/sql
 		// the next liveness query, within 50ms + 1s. 10s is generous for a
 		// loaded machine.
@@ -102,6 +119,7 @@ func TestDriversLockLost(t *testing.T) {
 		if err := lk.Unlock(ctx); !errors.Is(err, pglock.ErrLost) {
 			t.Fatalf("Unlock after loss: %v, want ErrLost", err)
 		}
+		awaitLocksReleased(t, admin, pids...)
 		again, err := l.TryLock(ctx, "lost")
 		if err != nil {
 			t.Fatalf("TryLock after the loss: %v", err)

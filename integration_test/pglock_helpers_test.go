@@ -1,7 +1,9 @@
 package integration_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -16,4 +18,18 @@ func newLocker(t testing.TB, pool *pgxpool.Pool, opts ...pglock.Option) *pglock.
 		t.Fatalf("pglock.New: %v", err)
 	}
 	return l
+}
+
+// awaitLocksReleased waits until the terminated backends pids hold no lock:
+// a backend sends the FATAL message that tells its client of the loss
+// before it exits and releases its session's advisory locks.
+func awaitLocksReleased(t *testing.T, admin *pgxpool.Pool, pids ...int32) {
+	t.Helper()
+	mustWait(t, 30*time.Second, "the terminated backends to release their locks", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var held bool
+		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = ANY ($1))`, pids).Scan(&held)
+		return !held, err
+	})
 }
