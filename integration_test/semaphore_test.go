@@ -157,9 +157,10 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 }
 
 // inTransaction waits until no backend of the stopped worker id (its
-// application_name, in this test's database) runs a statement, then reports whether one of them is
-// inside a transaction. A statement the worker sent before it stopped is
-// either answered by then, or a BEGIN not yet read, which takes no lock.
+// application_name, in this test's database) runs a statement, then
+// reports whether one of them is inside a transaction. A statement the
+// worker sent before it stopped is either answered by then, or a BEGIN not
+// yet read, which takes no lock.
 func inTransaction(t *testing.T, pool *pgxpool.Pool, id string) bool {
 	t.Helper()
 	var open int
