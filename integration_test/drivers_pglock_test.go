@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/pglock"
@@ -88,20 +87,11 @@ func TestDriversLockLost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryLock: %v", err)
 		}
+		// The pids of the backends terminated (FILTER runs on the rows WHERE
+		// kept, so nothing else is terminated).
 		var pids []int32
-		rows, err := admin.Query(ctx, `SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
-		 WHERE application_name = 'holder' AND datname = current_database()`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var pid int32
-		var ok bool
-		_, err = pgx.ForEachRow(rows, []any{&pid, &ok}, func() error {
-			if ok {
-				pids = append(pids, pid)
-			}
-			return nil
-		})
+		err = admin.QueryRow(ctx, `SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}')
+		  FROM pg_stat_activity WHERE application_name = 'holder' AND datname = current_database()`).Scan(&pids)
 		if err != nil || len(pids) == 0 {
 			t.Fatalf("terminate the holder's backends: %v, %v", pids, err)
 		}

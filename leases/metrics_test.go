@@ -211,8 +211,9 @@ func TestMetricsLostCauses(t *testing.T) {
 			if n := metrictest.Total(got, metricLost); n != 1 {
 				t.Errorf("lost = %v, want 1: %v", n, got[metricLost])
 			}
-			if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Count != 1 {
-				t.Errorf("lost holds = %d, want 1", p.Count)
+			hold := metrictest.Find(t, got, metricHold, "outcome=lost")
+			if hold.Count != 1 {
+				t.Errorf("lost holds = %d, want 1", hold.Count)
 			}
 			switch tc.cause {
 			case "force_released", "renew_rejected":
@@ -232,14 +233,14 @@ func TestMetricsLostCauses(t *testing.T) {
 				if limit := time.Second - margin(time.Second); due <= 0 || due > limit {
 					t.Errorf("local deadline %v after the grant arrived, want within (0, %v]: TTL − margin after the request", due, limit)
 				}
-				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum > (due + margin(time.Second)/2).Seconds() {
-					t.Errorf("hold %.3fs, more than half the margin past the local deadline (%.3fs after the grant)", p.Sum, due.Seconds())
+				if hold.Sum > (due + margin(time.Second)/2).Seconds() {
+					t.Errorf("hold %.3fs, more than half the margin past the local deadline (%.3fs after the grant)", hold.Sum, due.Seconds())
 				}
 				// Not before the deadline either. (A fixed floor of 0.5 s
 				// failed on a loaded machine whose grant took 0.4 s to
 				// answer: the deadline counts from the request.)
-				if p := metrictest.Find(t, got, metricHold, "outcome=lost"); p.Sum < due.Seconds()-0.001 {
-					t.Errorf("hold %.3fs, ended before the local deadline (%.3fs after the grant)", p.Sum, due.Seconds())
+				if hold.Sum < due.Seconds()-0.001 {
+					t.Errorf("hold %.3fs, ended before the local deadline (%.3fs after the grant)", hold.Sum, due.Seconds())
 				}
 			}
 			if tc.name == "failing renewals past the deadline" {

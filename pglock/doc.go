@@ -131,10 +131,10 @@
 // another process already has it. A terminated backend releases it as its
 // session exits, a moment after the error that reported the loss (a TryLock
 // at once may still find it held); behind a silent network the server may
-// keep the session (and the lock) until its own TCP timeouts fire. Either way, stop working when
-// the Context ends, and make side effects idempotent or fenced: a lock is a
-// mutual exclusion hint with a prompt loss signal, not a guarantee about
-// effects outside the database.
+// keep the session (and the lock) until its own TCP timeouts fire. Either
+// way, stop working when the Context ends, and make side effects idempotent
+// or fenced: a lock is a mutual exclusion hint with a prompt loss signal,
+// not a guarantee about effects outside the database.
 //
 // # Failure handling
 //
