@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 var (
@@ -104,10 +104,7 @@ func (e *BlockedError) Error() string {
 func (e *BlockedError) Is(target error) bool { return target == ErrBlocked }
 
 // isLockTimeout reports whether err is PostgreSQL's lock_not_available.
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
+func isLockTimeout(err error) bool { return pgerr.Code(err) == pgerr.LockNotAvailable }
 
 // HeldError is the error TryAcquire returns when another owner holds the
 // lease. It matches ErrHeld with errors.Is.
@@ -126,48 +123,15 @@ func (e *HeldError) Error() string {
 // Is reports whether target is ErrHeld.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
-// SQLSTATEs read from *pgconn.PgError.
-const (
-	sqlstateUndefinedTable     = "42P01"
-	sqlstateInvalidSchemaName  = "3F000"
-	sqlstateUndefinedFunction  = "42883"
-	sqlstateInsufficientPriv   = "42501"
-	sqlstateReadOnly           = "25006"
-	schemaMissingHint          = "schema pgfence not found: run `pgfence migrate up`"
-	insufficientPrivilegesHint = "the role lacks privileges on schema pgfence: GRANT pgfence_client TO it"
-	standbyHint                = "connected to a standby (read-only): use the primary, e.g. a multi-host connection string with target_session_attrs=read-write"
-)
-
 // dbError wraps an error from PostgreSQL with what the client was doing,
-// adding a hint when the likely cause is known.
+// adding a hint when the likely cause is known (internal/pgerr).
 func dbError(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case sqlstateUndefinedTable, sqlstateInvalidSchemaName, sqlstateUndefinedFunction:
-			return fmt.Errorf("leases: %s: %s: %w", op, schemaMissingHint, err)
-		case sqlstateInsufficientPriv:
-			return fmt.Errorf("leases: %s: %s: %w", op, insufficientPrivilegesHint, err)
-		case sqlstateReadOnly: // retryable: the server may be promoted
-			return fmt.Errorf("leases: %s: %s: %w", op, standbyHint, err)
-		}
-	}
-	return fmt.Errorf("leases: %s: %w", op, err)
+	return fmt.Errorf("leases: %s: %w", op, pgerr.WithHint(err))
 }
 
 // permanent reports whether err will not go away by retrying: bad input, a
 // closed client, or a missing schema or privilege. Lead stops on these and
 // retries anything else.
 func permanent(err error) bool {
-	if errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case sqlstateUndefinedTable, sqlstateInvalidSchemaName, sqlstateUndefinedFunction, sqlstateInsufficientPriv:
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) || pgerr.Permanent(err)
 }
