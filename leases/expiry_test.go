@@ -46,13 +46,16 @@ func TestExpiryJudgedByDatabaseClock(t *testing.T) {
 }
 
 // The local deadline passes strictly before the server's expires_at: when
-// Context() is done, the database clock is still before expires_at.
+// Context() is done, the database clock is still before expires_at. The
+// TTL is 10s so that the margin (1s) dwarfs the time between Done firing
+// and the read below, under -race in a container on a loaded machine.
 func TestLocalDeadlineBeforeServerExpiry(t *testing.T) {
 	t.Parallel()
 	c, pool := setup(t)
 	freeze(c)
 	ctx := testContext(t)
-	l, err := c.TryAcquire(ctx, "deadline", time.Second)
+	const ttl = 10 * time.Second
+	l, err := c.TryAcquire(ctx, "deadline", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +67,7 @@ func TestLocalDeadlineBeforeServerExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read the grant: %v", err)
 	}
-	t.Logf("context done %s before the server's expiry (margin %s)", left, margin(time.Second))
+	t.Logf("context done %s before the server's expiry (margin %s)", left, margin(ttl))
 	if !before {
 		t.Errorf("context done after the server's expires_at (by %s)", -left)
 	}
@@ -75,7 +78,9 @@ func TestLocalDeadlineBeforeServerExpiry(t *testing.T) {
 
 // When renewals fail (here: the holder's pool is gone), the keepalive
 // retries until the local deadline, and the lease is lost before the
-// server-side expiry.
+// server-side expiry. The TTL is 10s so that the margin (1s) dwarfs the
+// time between Done firing and the read below, under -race in a container
+// on a loaded machine; a 100ms margin proved too thin in CI.
 func TestRenewalFailuresLoseAtLocalDeadline(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
@@ -87,7 +92,7 @@ func TestRenewalFailuresLoseAtLocalDeadline(t *testing.T) {
 	}
 	defer c.Close() // its pool is closed: the release fails, expiry cleans up
 	ctx := testContext(t)
-	l, err := c.TryAcquire(ctx, "cut-off", time.Second)
+	l, err := c.TryAcquire(ctx, "cut-off", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,20 +89,31 @@ func TestExtendShorterKeepsRule(t *testing.T) {
 	}
 
 	// Without renewals, the new, shorter deadline ends the context well
-	// before the old TTL — and before PostgreSQL's expiry.
+	// before the old TTL — and before PostgreSQL's expiry. The new TTL is
+	// 10s so that the margin (1s) dwarfs the time between Done firing and
+	// the query below reaching the server, even under -race in a container
+	// on a loaded machine: with a 1s TTL its 100ms margin was too thin (CI
+	// once read the grant expired).
 	f, fpool := setup(t)
 	freeze(f)
 	l2, err := f.TryAcquire(ctx, "frozen", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l2.Extend(ctx, time.Second); err != nil {
+	const short = 10 * time.Second
+	begin := time.Now()
+	if err := l2.Extend(ctx, short); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-l2.Done():
-	case <-time.After(10 * time.Second):
+	case <-time.After(short + 10*time.Second):
 		t.Fatal("lease not lost at the shorter deadline")
+	}
+	// The deadline counts from the start of the Extend request, never
+	// earlier: no lease is lost before TTL − margin.
+	if d := time.Since(begin); d < short-short/10 {
+		t.Errorf("lease lost %s after Extend, before TTL − margin (%s)", d, short-short/10)
 	}
 	var live bool
 	if err := fpool.QueryRow(ctx, `SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'frozen'`).Scan(&live); err != nil {
