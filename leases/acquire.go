@@ -293,7 +293,7 @@ func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, star
 		l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer cancel()
-		_ = c.releaseBatch(rctx, "release after close", []*Lease{l})
+		_, _ = c.releaseBatch(rctx, "release after close", []*Lease{l})
 		return nil, fmt.Errorf("acquire %q: %w", info.Name, err)
 	}
 	if c.log.Enabled(ctx, slog.LevelDebug) {

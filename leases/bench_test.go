@@ -196,7 +196,7 @@ func BenchmarkHeldLeases(b *testing.B) {
 				b.Fatalf("%v lost while kept alive: %v", l, l.Err())
 			}
 		}
-		if err := c.releaseBatch(ctx, "release", held); err != nil {
+		if _, err := c.releaseBatch(ctx, "release", held); err != nil {
 			b.Fatal(err)
 		}
 		c.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +61,7 @@ type Client struct {
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
 	dl        deadlines         // held leases' local deadlines (deadline.go)
 	orphans   []*Lease          // lost at the local deadline; grants to end
+	ending    bool              // endOrphans is running
 	queues    map[string]*queue // waiting acquirers per name
 	observers map[string]map[*observer]struct{}
 	leading   map[string]int // Lead calls leading, by name (gauge)
@@ -142,7 +144,9 @@ func (c *Client) start() {
 // held lease is released (context cause wraps ErrReleased and ErrClosed,
 // then one statement ends all of their grants, bounded by
 // WithReleaseTimeout, default 5s; grants it cannot reach expire after their
-// TTL), observers' channels close, and
+// TTL, and a grant whose row another transaction keeps locked — an open
+// REPEATABLE READ fenced transaction — is waited for apart from the
+// others, so that it does not keep theirs), observers' channels close, and
 // the keepalive and listener goroutines exit. Close blocks until they have.
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
@@ -166,22 +170,24 @@ func (c *Client) Close() error {
 			l.cancel(cause)
 		}
 		c.stopDeadlinesLocked()
+		c.mu.Unlock()
+
+		// The keepalive stops renewing before the grants are ended, and
+		// an endOrphans cut short by the shutdown hands its leases back.
+		c.wg.Wait()
+		c.mu.Lock()
 		held = append(held, c.orphans...)
 		c.orphans = nil
 		c.mu.Unlock()
-
-		// The keepalive stops renewing before the grants are ended.
-		c.wg.Wait()
 		if len(held) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
 			defer cancel()
-			if err := c.releaseBatch(ctx, fmt.Sprintf("close: release %d leases", len(held)), held); err != nil {
-				c.closeErr = err
-				return
-			}
+			failed, err := c.releaseBatch(ctx, fmt.Sprintf("close: release %d leases", len(held)), held)
+			c.closeErr = err
+			unreleased := leaseSet(failed)
 			c.mu.Lock()
 			for _, l := range held {
-				if l.state == stateReleasing {
+				if l.state == stateReleasing && !unreleased[l] {
 					l.state = stateReleased
 				}
 			}
@@ -395,8 +401,69 @@ func (c *Client) newOwner() string {
 	return c.cfg.owner + "-" + hex.EncodeToString(b[:])
 }
 
-// releaseBatch ends the given grants now in one statement, notifying.
-func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error {
+// releaseBatch ends the given grants now, notifying, in one statement
+// unless some of their rows are locked. With the error it returns the
+// leases whose grants it may not have ended: those whose rows stayed
+// locked, or, on any other error, all of them.
+func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) (failed []*Lease, err error) {
+	ctx, span := c.tr.Start(ctx, spanRelease, "", 0)
+	defer func() { span.End(0, err) }()
+	var stuck []*Lease
+	if err := c.releaseSplit(ctx, ls, &stuck); err != nil {
+		return ls, dbError(op, err)
+	}
+	// The rows still locked wait together, past the lock wait, for as
+	// long as ctx allows: the others' grants are ended already.
+	if len(stuck) > 0 {
+		if err := c.releaseRows(ctx, stuck, "0"); err != nil {
+			c.wakeQueues(ls, stuck)
+			return stuck, dbError(fmt.Sprintf("%s: %d of %d rows locked by another transaction (%s)", op, len(stuck), len(ls), leaseNames(stuck)), err)
+		}
+	}
+	c.wakeQueues(ls, nil)
+	return nil, nil
+}
+
+// wakeQueues wakes this process's waiters for the leases of ls but
+// those of except: for the grants that were ended.
+func (c *Client) wakeQueues(ls, except []*Lease) {
+	skip := leaseSet(except)
+	for _, l := range ls {
+		if !skip[l] {
+			c.wakeQueue(l.queue())
+		}
+	}
+}
+
+// releaseLockWait is how long a batched release waits for a row that
+// another transaction has locked — a REPEATABLE READ fenced transaction
+// share-locks its lease's row until it ends — before it splits the batch,
+// so that one lease whose row stays locked does not keep the others'
+// grants alive.
+const releaseLockWait = "100ms"
+
+// releaseSplit ends ls's grants in one statement that waits at most
+// releaseLockWait for a locked row. When the wait runs out it tries each
+// half of ls in turn, down to single leases, which it adds to stuck.
+func (c *Client) releaseSplit(ctx context.Context, ls []*Lease, stuck *[]*Lease) error {
+	err := c.releaseRows(ctx, ls, releaseLockWait)
+	if !isLockTimeout(err) {
+		return err
+	}
+	if len(ls) == 1 {
+		*stuck = append(*stuck, ls[0])
+		return nil
+	}
+	mid := len(ls) / 2
+	if err := c.releaseSplit(ctx, ls[:mid], stuck); err != nil {
+		return err
+	}
+	return c.releaseSplit(ctx, ls[mid:], stuck)
+}
+
+// releaseRows ends ls's grants in one statement, waiting at most lockWait
+// (a lock_timeout) for a locked row.
+func (c *Client) releaseRows(ctx context.Context, ls []*Lease, lockWait string) error {
 	names := make([]string, len(ls))
 	owners := make([]string, len(ls))
 	fences := make([]int64, len(ls))
@@ -407,16 +474,33 @@ func (c *Client) releaseBatch(ctx context.Context, op string, ls []*Lease) error
 	if c.cfg.durableRelease {
 		q = sqlReleaseBatchDurable
 	}
-	ctx, span := c.tr.Start(ctx, spanRelease, "", 0)
-	_, err := c.q.Exec(ctx, q, names, owners, fences)
-	span.End(0, err)
-	if err != nil {
-		return dbError(op, err)
-	}
+	_, err := c.q.Exec(ctx, q, names, owners, fences, lockWait)
+	return err
+}
+
+// leaseSet is ls as a set.
+func leaseSet(ls []*Lease) map[*Lease]bool {
+	set := make(map[*Lease]bool, len(ls))
 	for _, l := range ls {
-		c.wakeQueue(l.queue())
+		set[l] = true
 	}
-	return nil
+	return set
+}
+
+// leaseNames lists up to five of ls's names, for an error.
+func leaseNames(ls []*Lease) string {
+	var b strings.Builder
+	for i, l := range ls {
+		if i == 5 {
+			fmt.Fprintf(&b, ", and %d more", len(ls)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%q", l.name)
+	}
+	return b.String()
 }
 
 func (c *Client) setState(l *Lease, s leaseState) {

@@ -81,7 +81,11 @@
 // shortly, so one busy lease cannot delay the others. A renewal that finds
 // no row loses that lease at once; a failed statement (network, restart)
 // is retried with backoff from 25ms to 1s until each lease's own deadline
-// timer fires. Lease.Renew renews one lease on demand.
+// timer fires. A statement is given TTL/3 (the batch's shortest), so that
+// one stuck on a silent connection leaves time to retry on another; when
+// recent renewals were slow, three times what they took per lease, up to
+// the earliest deadline, so that a slow server or a large batch does not
+// cancel every attempt. Lease.Renew renews one lease on demand.
 //
 // # Data with a lease
 //
@@ -177,7 +181,8 @@
 //   - Missing schema: errors say "schema pgfence not found: run `pgfence
 //     migrate up`".
 //   - Close releases every held lease (one statement, bounded by
-//     WithReleaseTimeout, default 5s), makes
+//     WithReleaseTimeout, default 5s; a lease whose row an open transaction
+//     locks is waited for apart, so it holds up no other), makes
 //     waiting Acquire calls return ErrClosed, closes Observe channels, and
 //     returns once every goroutine of the Client has exited.
 //

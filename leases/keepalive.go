@@ -130,7 +130,7 @@ func (c *Client) keepalive() {
 	for {
 		c.mu.Lock()
 		wake := c.nextDue
-		if len(c.orphans) > 0 {
+		if c.orphansToEndLocked() {
 			wake = time.Now()
 		}
 		c.mu.Unlock()
@@ -165,15 +165,20 @@ func (c *Client) keepalive() {
 	}
 }
 
-// tick renews the due leases, with buf's slices, and expires orphaned
-// grants. It reports whether something must be retried soon.
+// tick renews the due leases, with buf's slices, and starts ending
+// orphaned grants. It reports whether something must be retried soon.
 func (c *Client) tick(buf *renewBuf) (again bool) {
 	now := time.Now()
 	c.mu.Lock()
-	orphans := c.orphans
-	c.orphans = nil
+	if c.orphansToEndLocked() {
+		c.ending = true
+		c.wg.Add(1) // the keepalive's own count is held: Close is not past Wait
+		go c.endOrphans(c.orphans)
+		c.orphans = nil
+	}
 	due := buf.due[:0] // reused: a tick of 10,000 leases would grow a new one each time
 	var minTTL time.Duration
+	var earliest time.Time // the earliest local deadline among them
 	for _, l := range c.held {
 		if l.nextRenew.After(now.Add(l.ttl / 12)) {
 			continue
@@ -186,6 +191,9 @@ func (c *Client) tick(buf *renewBuf) (again bool) {
 		if minTTL == 0 || l.ttl < minTTL {
 			minTTL = l.ttl
 		}
+		if earliest.IsZero() || l.deadline.Before(earliest) {
+			earliest = l.deadline
+		}
 	}
 	c.mu.Unlock()
 	defer func() {
@@ -196,17 +204,8 @@ func (c *Client) tick(buf *renewBuf) (again bool) {
 		buf.due = due[:0]
 	}()
 
-	if len(orphans) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
-		if err := c.releaseBatch(ctx, "end grants of lost leases", orphans); err != nil {
-			c.log.Warn("leases: end grants of lost leases", "count", len(orphans), "err", err)
-		}
-		cancel()
-	}
 	if len(due) > 0 {
-		// Bounded so that a silent network cannot stall the next tick past
-		// the earliest deadline; those deadlines fire on their own anyway.
-		ctx, cancel := context.WithTimeout(context.Background(), minTTL/3)
+		ctx, cancel := context.WithTimeout(context.Background(), buf.timeout(len(due), minTTL, earliest.Sub(now)))
 		again = c.renewBatchBuf(ctx, due, lostRenewRejected, buf) || again
 		cancel()
 	}
@@ -220,6 +219,38 @@ func (c *Client) tick(buf *renewBuf) (again bool) {
 	}
 	c.mu.Unlock()
 	return again
+}
+
+// orphansToEndLocked reports whether the keepalive should start
+// endOrphans now: grants wait to be ended, none is being ended, and Close
+// (which ends them itself) has not begun. c.mu held.
+func (c *Client) orphansToEndLocked() bool {
+	return len(c.orphans) > 0 && !c.ending && !c.isClosed()
+}
+
+// endOrphans ends the grants of leases lost at their local deadline, so
+// that waiters need not wait for the server's expiry. It runs off the
+// keepalive's goroutine: the statement may wait for a row lock (a fenced
+// REPEATABLE READ transaction share-locks its lease's row) up to the
+// release timeout, and the other leases' renewals must not wait with it.
+// One runs at a time; Close cuts it short and ends the grants itself.
+func (c *Client) endOrphans(ls []*Lease) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(c.shutdown, c.cfg.releaseTimeout)
+	failed, err := c.releaseBatch(ctx, "end grants of lost leases", ls)
+	cancel()
+	c.mu.Lock()
+	c.ending = false
+	closed := c.isClosed()
+	if err != nil && closed {
+		c.orphans = append(c.orphans, failed...) // for Close
+	} else if len(c.orphans) > 0 {
+		c.kickKeepalive()
+	}
+	c.mu.Unlock()
+	if err != nil && !closed {
+		c.log.Warn("leases: end grants of lost leases", "count", len(ls), "err", err)
+	}
 }
 
 // renewal is a lease due for renewal, with the TTL it is renewed for. The
@@ -239,12 +270,38 @@ func (c *Client) renewBatch(ctx context.Context, rs []renewal, why lostCause) (a
 
 // renewBuf holds tick's due renewals and renewBatch's arrays, so that the
 // keepalive reuses them from tick to tick instead of allocating them for
-// every lease each time. Only the keepalive goroutine uses its renewBuf.
+// every lease each time, and the time a renewal has taken per lease. Only
+// the keepalive goroutine uses its renewBuf.
 type renewBuf struct {
 	due           []renewal
 	names, owners []string
 	fences, ttls  []int64
 	results       []renewResult
+	perLease      time.Duration // slowest recent successful batch, per lease; decays
+}
+
+// batchFloor is the fewest leases a batch counts as when its time is
+// turned into a rate: a small batch's time is mostly its round trip, which
+// a large batch pays once, not per lease.
+const batchFloor = 100
+
+// took records that a batch of n renewals succeeded in d.
+func (b *renewBuf) took(n int, d time.Duration) {
+	if n == 0 {
+		return
+	}
+	b.perLease = max(d/time.Duration(max(n, batchFloor)), b.perLease-b.perLease/8)
+}
+
+// timeout bounds one batched renewal of n leases, left before the earliest
+// of their local deadlines. It is at least minTTL/3, their shortest TTL's,
+// so that a silent connection (a dead server, a partition) leaves time to
+// retry on another before the deadlines. It is longer when recent batches
+// were slow — three times what n leases took at the slowest recent rate,
+// up to the earliest deadline — so that a statement that is slow but
+// succeeding is not cancelled at every attempt until its leases are lost.
+func (b *renewBuf) timeout(n int, minTTL, left time.Duration) time.Duration {
+	return max(minTTL/3, min(3*time.Duration(max(n, batchFloor))*b.perLease, left))
 }
 
 // renewResult is a row of a batched renewal.
@@ -313,6 +370,7 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	if err := rows.Err(); err != nil {
 		return failed(dbError("renew", err))
 	}
+	buf.took(n, time.Since(reqStart))
 	var lost []*Lease
 	c.mu.Lock()
 	c.batchLocked(len(results))

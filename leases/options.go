@@ -115,7 +115,8 @@ func WithForceReleaseTimeout(d time.Duration) Option {
 // statement with which Close ends every held grant, the release of a
 // grant that arrived after Close began, and the keepalive's release of
 // grants it stopped trusting. A release that times out leaves the grant to
-// expire after its TTL. Default 5s, valid [10ms, 1h]; pglock's
+// expire after its TTL; in a batch, only the grants whose rows another
+// transaction still locks. Default 5s, valid [10ms, 1h]; pglock's
 // WithUnlockTimeout has the same default.
 func WithReleaseTimeout(d time.Duration) Option {
 	return func(c *config) error {

@@ -3,9 +3,13 @@ package leases
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -150,5 +154,48 @@ func (x *lockTx) rollback(ctx context.Context) {
 	x.t.Helper()
 	if _, err := x.conn.Exec(ctx, `ROLLBACK`); err != nil {
 		x.t.Fatal(err)
+	}
+}
+
+// One lease whose row another transaction keeps locked does not keep Close
+// from ending the others' grants: Close fails naming that lease alone, and
+// its grant is the only one left live.
+func TestCloseNotHeldUpByOneLockedRow(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	// The default release timeout, 5s: splitting the batch around the
+	// locked row takes five lock waits of 100ms and the statements between,
+	// and Close must get that far before the timeout even when two shared
+	// cores run several packages' tests with -race.
+	c, err := New(pgtest.PoolFor(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := range n {
+		if _, err := c.TryAcquire(ctx, fmt.Sprintf("job/%02d", i), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blocker := lockingTx(t, pool)
+	blocker.lock(ctx, "job/07")
+	defer blocker.rollback(ctx)
+
+	err = c.Close()
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), `1 of 20 rows locked by another transaction ("job/07")`) {
+		t.Errorf("Close: %v; want the release's deadline, naming job/07 alone", err)
+	}
+	rows, err := pool.Query(ctx, `SELECT name FROM pgfence.leases WHERE expires_at > clock_timestamp() ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(live, []string{"job/07"}) {
+		t.Errorf("grants live after Close: %q, want only the locked job/07's", live)
 	}
 }

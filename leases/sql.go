@@ -50,12 +50,16 @@ const (
 	sqlReleaseDurable = `SELECT pgfence.release($1, $2, $3), ''`
 
 	// sqlReleaseBatch ends many grants (Close, grants stopped trusting),
-	// asynchronously committed like sqlRelease.
+	// asynchronously committed like sqlRelease. It waits at most $4 (a
+	// lock_timeout: '0' waits on) for any of the rows a transaction has
+	// locked; the set_config sits in an argument so that it runs before
+	// the function does, and lasts for this statement's transaction only.
 	sqlReleaseBatch = `SELECT count(*), set_config('synchronous_commit', 'off', true)
-  FROM pgfence.release_many($1, $2, $3)`
+  FROM pgfence.release_many($1, $2, CASE WHEN set_config('lock_timeout', $4, true) IS NOT NULL THEN $3::bigint[] END)`
 
 	// sqlReleaseBatchDurable is sqlReleaseBatch committing as configured.
-	sqlReleaseBatchDurable = `SELECT count(*), '' FROM pgfence.release_many($1, $2, $3)`
+	sqlReleaseBatchDurable = `SELECT count(*), ''
+  FROM pgfence.release_many($1, $2, CASE WHEN set_config('lock_timeout', $4, true) IS NOT NULL THEN $3::bigint[] END)`
 
 	// sqlForceRelease expires whatever grant a lease has, waiting at most
 	// $2 ms for the row. Fully durable: an operator acts on its answer.
