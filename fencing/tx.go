@@ -118,8 +118,12 @@ type txBeginner interface {
 // retrying with the same token cannot succeed.
 //
 // ctx bounds the whole transaction: fn should pass it to the statements it
-// runs on tx. Cancelling ctx aborts the transaction. InTx is safe to call
-// concurrently; each call has its own transaction.
+// runs on tx. Cancelling ctx aborts the transaction — but once COMMIT is
+// sent, as with any transaction, it may have committed although InTx
+// returns ctx's error. A caller that must know whether its write landed
+// (a worker stopped by a signal) should let the transaction finish, on a
+// context of its own with a timeout. InTx is safe to call concurrently;
+// each call has its own transaction.
 //
 // opts configure telemetry (WithMeterProvider, WithTracerProvider; later
 // ones win). InTx runs in a span "pgfence.fenced_tx" (attributes

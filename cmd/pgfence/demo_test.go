@@ -4,7 +4,9 @@ import (
 	"context"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,5 +83,52 @@ func TestDemoThrowawayServer(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", m[1], 5*time.Second); err == nil {
 		c.Close()
 		t.Errorf("the throwaway server at %s still accepts connections after demo exited", m[1])
+	}
+}
+
+// A demo worker stopped (SIGTERM, as `compose stop` does) while its fenced
+// write is in flight lets the write finish and reports it: a commit cut by
+// a cancelled context would leave the worker unable to say whether it did
+// the period, and the table and the workers' reports would disagree.
+func TestDemoWorkerStopFinishesWrite(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	if r := db(t, url, "demo", "worker", "--name", "first", "--first", "1", "--periods", "1", "--work", "0"); r.code != 0 {
+		t.Fatalf("first worker: exit %d", r.code)
+	}
+	pool := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	// Period 2's write is slow: long enough to stop the worker inside it.
+	if _, err := pool.Exec(ctx, `
+		CREATE FUNCTION public.demo_slow() RETURNS trigger LANGUAGE plpgsql AS
+		  $$BEGIN PERFORM pg_sleep(2); RETURN NEW; END$$;
+		CREATE TRIGGER slow BEFORE INSERT ON pgfence_demo.periods
+		  FOR EACH ROW EXECUTE FUNCTION public.demo_slow()`); err != nil {
+		t.Fatal(err)
+	}
+	p := startCLI(t, cliEnv("DATABASE_URL="+url), "demo", "worker", "--name", "stopped", "--first", "2", "--periods", "1", "--work", "0")
+	pgtest.WaitFor(t, cliTimeout, "the worker's write to run the slow trigger", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event = 'PgSleep' AND application_name LIKE 'pgfence demo worker stopped%'`).Scan(&n)
+		if err != nil {
+			t.Fatalf("look for the write: %v", err)
+		}
+		return n == 1
+	})
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	var out []string
+	for l := range p.lines {
+		out = append(out, l)
+	}
+	if code := p.wait(); code != 0 {
+		t.Errorf("stopped worker: exit %d, want 0", code)
+	}
+	var writer string
+	if err := pool.QueryRow(ctx, `SELECT worker FROM pgfence_demo.periods WHERE period = 2`).Scan(&writer); err != nil {
+		t.Fatalf("period 2's row: %v (worker said %q)", err, out)
+	}
+	if writer != "stopped" || !slices.ContainsFunc(out, func(l string) bool { return strings.HasPrefix(l, "stopped: period 2: did the work") }) {
+		t.Errorf("period 2 written by %q; the stopped worker said %q", writer, out)
 	}
 }

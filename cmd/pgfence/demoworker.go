@@ -38,6 +38,10 @@ type workerOptions struct {
 	supervised bool
 }
 
+// demoWriteTimeout bounds a worker's fenced write, which a stop does not
+// cut short; under the 10s that docker compose stop waits by default.
+const demoWriteTimeout = 5 * time.Second
+
 func demoLeaseName(period int) string { return "demo/period/" + strconv.Itoa(period) }
 
 func newDemoWorkerCmd(g *globals) *cobra.Command {
@@ -51,7 +55,8 @@ the period is not done yet, work for --work, then write the period's row to
 docker-compose worker service) compete; each period is written exactly once,
 and a worker that was paused past its TTL is rejected by the database.
 
-It stops after --periods periods (0: until SIGINT/SIGTERM). The schema
+It stops after --periods periods (0: until SIGINT/SIGTERM; a write in
+flight is finished and reported first, within 5s). The schema
 pgfence must be migrated; the demo table is created if missing.`,
 		Hidden: true,
 		Args:   argsUsage(cobra.NoArgs),
@@ -208,10 +213,14 @@ func (w *worker) period(ctx context.Context, n int) error {
 	}
 	// The write deliberately does not consult lease.Done() again: a
 	// process that was frozen cannot know it was, and the database is what
-	// stops it.
+	// stops it. A stop does not cut it short either: a commit interrupted
+	// by a cancelled context may have happened or not, and the worker
+	// could not say whether it did the period.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoWriteTimeout)
+	defer cancel()
 	var fence int64
-	err = fencing.InTx(ctx, w.pool, lease.Token(), func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, sqlDemoWrite, n, w.o.name).Scan(&fence)
+	err = fencing.InTx(wctx, w.pool, lease.Token(), func(tx pgx.Tx) error {
+		return tx.QueryRow(wctx, sqlDemoWrite, n, w.o.name).Scan(&fence)
 	})
 	switch {
 	case fencing.IsStale(err):

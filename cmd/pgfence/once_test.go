@@ -101,10 +101,13 @@ func TestRunOnce(t *testing.T) {
 	if b, err := os.ReadFile(marker); err != nil || string(b) != "x\n" {
 		t.Fatalf("the command ran %q times for one period (%v), want once", b, err)
 	}
-	if r := run("p2", "true", "--at-least", "3s"); r.code != 0 {
+	// A minute, not a few seconds: the next run is a new process, which
+	// took more than 3s to start and connect under -race on a loaded CI
+	// machine (the lease was free by then).
+	if r := run("p2", "true", "--at-least", "1m"); r.code != 0 {
 		t.Fatalf("--at-least run: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if r := db(t, url, "run", "--lease", "once/job", "--ttl", "5s", "--no-wait", "--", "true"); r.code != exitHeld {
-		t.Fatalf("right after an --at-least 3s run the lease was free (exit %d), want held (%d)", r.code, exitHeld)
+		t.Fatalf("right after an --at-least 1m run the lease was free (exit %d), want held (%d)", r.code, exitHeld)
 	}
 }
