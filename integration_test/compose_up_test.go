@@ -84,14 +84,27 @@ func pauseHolder(t *testing.T, ctx context.Context, p *composeProject, pool *pgx
 	t.Logf("paused %s (container %s) holding period %d", holder.worker, ctr, holder.period)
 
 	// Until another worker has done the period: the paused one's lease
-	// has expired and been taken over.
+	// has expired and been taken over. Unless the pause took hold inside
+	// the holder's fenced transaction, once its write had taken the fence
+	// lock: a takeover waits for that transaction to end (fencing/doc.go,
+	// "The fence lock"), and nothing here ends it.
+	addr := strings.TrimSpace(p.dockerRun(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", ctr))
 	var writer string
+	var inTx bool
 	mustWait(t, time.Minute, fmt.Sprintf("period %d to be done", holder.period), func() (bool, error) {
 		w, err := periodWriter(ctx, pool, holder.period)
-		writer = w
-		return w != "", err
+		if err != nil || w != "" {
+			writer = w
+			return w != "", err
+		}
+		err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE client_addr = $1::inet AND state LIKE 'idle in transaction%')`, addr).Scan(&inTx)
+		return inTx, err
 	})
 	p.dockerRun(ctx, "unpause", ctr)
+	if writer == "" {
+		t.Logf("missed the window: the pause took hold inside %s's fenced transaction; unpaused it", holder.worker)
+		return false
+	}
 	t.Logf("period %d done by %s; unpaused %s after %v", holder.period, writer, holder.worker, time.Since(paused).Round(time.Millisecond))
 	if writer == holder.worker {
 		t.Logf("missed the window: %s wrote period %d before the pause took hold", holder.worker, holder.period)

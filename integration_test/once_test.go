@@ -61,8 +61,10 @@ func TestOncePerPeriod(t *testing.T) {
 	// The others get past the frozen one's period, then it resumes.
 	next := min(frozen.Period+2, periods)
 	mustWait(t, 2*time.Minute, fmt.Sprintf("period %d done", next), func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		var n int
-		err := pool.QueryRow(ctxT(t, 10*time.Second), `SELECT count(*) FROM effects WHERE period = $1`, next).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE period = $1`, next).Scan(&n)
 		return n > 0, err
 	})
 	sleeper.kill(syscall.SIGCONT)

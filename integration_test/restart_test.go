@@ -19,8 +19,12 @@ import (
 func TestRestart(t *testing.T) {
 	t.Parallel()
 	// Long enough that a restart fits in the holder's local deadline
-	// (TTL - TTL/10 = 9s) even under -race on a busy machine.
-	const ttl = 10 * time.Second
+	// (TTL - TTL/10 = 27s after the last renewal, which is at most TTL/3
+	// old when the server stops) even under -race on a busy machine: a
+	// restart takes 1.5s on a quiet one, but with 10s CI once lost the
+	// lease while the Docker engine was busy building images for other
+	// tests.
+	const ttl = 30 * time.Second
 	srv := startServer(t)
 	u := srv.URL("postgres")
 	assertNoAdvisoryLocks(t, u)
@@ -78,6 +82,9 @@ func TestRestart(t *testing.T) {
 			})
 			var row leaseRow
 			mustWait(t, ttl, "the keepalive to renew the lease after the restart", func() (bool, error) {
+				if err := l.Err(); err != nil {
+					t.Fatalf("lease lost across the %s restart (server down and up in %v): %v", mode, down.Round(time.Millisecond), err)
+				}
 				r, ok, err := readLease(ctx, admin, "survivor")
 				row = r
 				return ok && r.RenewedAt.After(restarted), err

@@ -71,8 +71,10 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 	t.Logf("SIGSTOPped %s holding slot %d (fence %d)", sleeper.id, frozen.Period, frozen.Fence)
 	// Its slot is granted again, then it resumes.
 	mustWait(t, time.Minute, "the frozen holder's slot granted again", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		var n int
-		err := pool.QueryRow(ctxT(t, 10*time.Second), `SELECT count(*) FROM holds WHERE slot = $1 AND grant_fence > $2`,
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM holds WHERE slot = $1 AND grant_fence > $2`,
 			fmt.Sprintf("pool#%d", frozen.Period), frozen.Fence).Scan(&n)
 		return n > 0, err
 	})
@@ -165,8 +167,10 @@ func inTransaction(t *testing.T, pool *pgxpool.Pool, id string) bool {
 	t.Helper()
 	var open int
 	mustWait(t, 30*time.Second, id+"'s backends idle", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		var active int
-		err := pool.QueryRow(ctxT(t, 10*time.Second), `
+		err := pool.QueryRow(ctx, `
 SELECT count(*) FILTER (WHERE state = 'active'), count(*) FILTER (WHERE xact_start IS NOT NULL)
   FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, id).Scan(&active, &open)
 		return active == 0, err
