@@ -29,6 +29,25 @@ func waiters(t testing.TB, pool *pgxpool.Pool) int {
 	return n
 }
 
+// warm makes pool open n connections and keep them idle.
+func warm(t testing.TB, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, 0, n)
+	for range n {
+		c, err := pool.Acquire(context.Background())
+		if err != nil {
+			for _, c := range conns {
+				c.Release()
+			}
+			t.Fatalf("open connection %d of %d: %v", len(conns)+1, n, err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+}
+
 // An abandoned wait leaves no backend waiting: 20 Lock calls whose context
 // ends (by deadline, or cancelled) while another session holds the lock
 // return the context's error, and within a second of the last one
@@ -60,38 +79,50 @@ func TestAbandonedWaitLeavesNoWaiter(t *testing.T) {
 			}
 			defer holder.Unlock(ctx)
 
+			// Every waiter's connection exists before the waits' clock
+			// starts: connecting 20 through the proxy to a container,
+			// under -race on a loaded machine, once took longer than the
+			// waits themselves, and a wait that ended before the others
+			// had queued left the test waiting for 20 forever.
+			warm(t, l.pool, calls+2)
+
+			// By deadline: each Lock's context has the same deadline, far
+			// enough ahead for all of them to queue. Cancelled: the test
+			// cancels them all once they have queued and the proxy
+			// refuses new connections, so every cancel request is lost.
+			deadline := time.Now().Add(3 * time.Second)
+			abandon, cancelAll := context.WithCancel(ctx)
+			defer cancelAll()
+			type result struct {
+				err      error
+				returned time.Time
+			}
+			results := make(chan result, calls)
 			var wg sync.WaitGroup
-			var mu sync.Mutex
-			var overrun time.Duration // the longest a Lock returned after its context ended
-			errs := make(chan error, calls)
 			for range calls {
 				wg.Go(func() {
-					var wctx context.Context
-					var cancel context.CancelFunc
-					ended := time.Now().Add(1500 * time.Millisecond)
+					wctx := abandon
 					if how == "deadline" {
-						wctx, cancel = context.WithDeadline(ctx, ended)
-					} else {
-						wctx, cancel = context.WithCancel(ctx)
-					}
-					defer cancel()
-					if how == "cancel" {
-						time.AfterFunc(1500*time.Millisecond, cancel)
+						var cancel context.CancelFunc
+						wctx, cancel = context.WithDeadline(ctx, deadline)
+						defer cancel()
 					}
 					lk, err := l.Lock(wctx, "abandoned")
 					returned := time.Now()
-					<-wctx.Done()
-					mu.Lock()
-					overrun = max(overrun, returned.Sub(ended))
-					mu.Unlock()
 					if err == nil {
 						lk.Unlock(ctx)
 						err = errors.New("granted while held")
 					}
-					errs <- err
+					results <- result{err, returned}
 				})
 			}
-			pgtest.WaitFor(t, 10*time.Second, "the waiters to queue", func() bool { return waiters(t, observer) == calls })
+			queueFor := 10 * time.Second
+			if how == "deadline" {
+				queueFor = time.Until(deadline)
+			}
+			if !pgtest.Poll(queueFor, func() bool { return waiters(t, observer) == calls }) {
+				t.Fatalf("%d of %d waiters queued within %v", waiters(t, observer), calls, queueFor.Round(time.Millisecond))
+			}
 			// The pool keeps two idle connections from before, as a pool
 			// in use does: pglock's fallback cancels through one of them.
 			var spare []*pgxpool.Conn
@@ -106,16 +137,23 @@ func TestAbandonedWaitLeavesNoWaiter(t *testing.T) {
 				c.Release()
 			}
 			px.RefuseNew()
+			ended := deadline
+			if how == "cancel" {
+				ended = time.Now()
+				cancelAll()
+			}
 			wg.Wait()
-			close(errs)
+			close(results)
 			want := context.DeadlineExceeded
 			if how == "cancel" {
 				want = context.Canceled
 			}
-			for err := range errs {
-				if !errors.Is(err, want) {
-					t.Errorf("abandoned Lock = %v, want %v", err, want)
+			var overrun time.Duration // the longest a Lock returned after its context ended
+			for r := range results {
+				if !errors.Is(r.err, want) {
+					t.Errorf("abandoned Lock = %v, want %v", r.err, want)
 				}
+				overrun = max(overrun, r.returned.Sub(ended))
 			}
 			start := time.Now()
 			pgtest.WaitFor(t, time.Second, "no backend waiting for the lock", func() bool { return waiters(t, observer) == 0 })
