@@ -83,7 +83,9 @@ func TestAbandonedWaitLeavesNoWaiter(t *testing.T) {
 			// starts: connecting 20 through the proxy to a container,
 			// under -race on a loaded machine, once took longer than the
 			// waits themselves, and a wait that ended before the others
-			// had queued left the test waiting for 20 forever.
+			// had queued left the test waiting for 20 forever. Two stay
+			// idle while the waiters wait, as in a pool in use: pglock's
+			// fallback cancels through one of them.
 			warm(t, l.pool, calls+2)
 
 			// By deadline: each Lock's context has the same deadline, far
@@ -121,20 +123,10 @@ func TestAbandonedWaitLeavesNoWaiter(t *testing.T) {
 				queueFor = time.Until(deadline)
 			}
 			if !pgtest.Poll(queueFor, func() bool { return waiters(t, observer) == calls }) {
-				t.Fatalf("%d of %d waiters queued within %v", waiters(t, observer), calls, queueFor.Round(time.Millisecond))
-			}
-			// The pool keeps two idle connections from before, as a pool
-			// in use does: pglock's fallback cancels through one of them.
-			var spare []*pgxpool.Conn
-			for range 2 {
-				c, err := l.pool.Acquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				spare = append(spare, c)
-			}
-			for _, c := range spare {
-				c.Release()
+				queued := waiters(t, observer)
+				cancelAll()
+				wg.Wait()
+				t.Fatalf("%d of %d waiters queued within %v", queued, calls, queueFor.Round(time.Millisecond))
 			}
 			px.RefuseNew()
 			ended := deadline
