@@ -49,9 +49,9 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 //     pgfence_declare(...)", the statement prepared on each connection by
 //     the pool's AfterConnect.
 //
-// Neither is what the package does. Each variant updates its own table, so that
-// dead tuples left by one do not slow the next. Run the binary several
-// times for interleaved sides:
+// Neither is what the package does. Each variant updates its own table,
+// so that dead tuples left by one do not slow the next. Run the binary
+// several times for interleaved sides:
 //
 //	go test -c -o /tmp/fencing.test ./fencing/
 //	for i in $(seq 10); do /tmp/fencing.test -test.run '^$' -test.bench DeclareCandidates -test.benchtime 4000x; done
