@@ -92,8 +92,7 @@ func TestKeepaliveNotHeldUpByOrphan(t *testing.T) {
 		t.Fatalf("stuck lease ended with %v, want ErrLost", stuck.Err())
 	}
 	// The client's release of the lost grant waits for the share lock.
-	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1)`,
-		"%release_many%")
+	waitLockWait(t, pool, "release_many")
 	info, err := c.Get(ctx, "other")
 	if err != nil {
 		t.Fatal(err)
