@@ -29,7 +29,7 @@
 //     force_release); application roles never write pgfence.leases;
 //   - roles pgfence_client (an application: GRANT pgfence_client TO app)
 //     and pgfence_operator (plus force-release, fence bump, the checks);
-//   - pgfence.declare_token(lease, fence), the one way to declare a fencing
+//   - pgfence.declare_token(lease, fence), the way to declare a fencing
 //     token, bound to the current transaction; the guard honours nothing
 //     else, and only a lease's current, unexpired grant;
 //   - the guard covers inheritance children, refuses TRUNCATE under
@@ -40,7 +40,10 @@
 // once-per-period records, minimum holds and semaphores. Migrations 7 to 10
 // make grants and fenced writes cheaper without changing what they check.
 // Migration 11 makes pgfence.grant_roles() grant migration 5's functions
-// too (for roles created after the migrations).
+// too (for roles created after the migrations). Migration 12 adds the
+// procedure pgfence.declare(lease, fence): the same declaration, run by
+// CALL, which PostgreSQL neither plans nor answers with a row; package
+// fencing declares with it and needs migration 12.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.

@@ -78,9 +78,28 @@ func TestHostileSearchPath(t *testing.T) {
 	if _, err := app.Exec(ctx, `SET search_path = evil, pg_catalog, public`); err != nil {
 		t.Fatal(err)
 	}
+	// Each way of declaring in turn (migration 12's procedure as well), on
+	// emptied tables; the admin empties them as a replica, which the guard
+	// lets through.
+	for _, c := range []struct{ name, declare string }{
+		{"declare_token", `SELECT pgfence.declare_token('job', $1)`},
+		{"declare", `CALL pgfence.declare('job', $1)`},
+	} {
+		t.Run(c.name, func(t *testing.T) { hostileWrites(t, admin, app, fence, c.declare) })
+	}
+}
+
+// hostileWrites is TestHostileSearchPath's check, with one way of declaring:
+// app's search_path is hostile, and it holds the lease "job" at fence.
+func hostileWrites(t *testing.T, admin, app *pgx.Conn, fence int64, declare string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, `SET session_replication_role = replica; DELETE FROM public.mine; DELETE FROM public.other; RESET session_replication_role`); err != nil {
+		t.Fatal(err)
+	}
 	write := func(fence int64, q string) error {
 		return pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT pgfence.declare_token('job', $1)`, fence); err != nil {
+			if _, err := tx.Exec(ctx, declare, fence); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, q)
@@ -146,6 +165,7 @@ func TestWriterWithoutClientRole(t *testing.T) {
 	}{
 		{"no declaration", "READ COMMITTED", "", "PF002"},
 		{"declare_token", "READ COMMITTED", `SELECT pgfence.declare_token('job', $1)`, "42501"},
+		{"declare", "READ COMMITTED", `CALL pgfence.declare('job', $1)`, "42501"},
 		{"forged declaration", "READ COMMITTED", forge, "42501"},
 		{"forged declaration", "REPEATABLE READ", forge, "42501"},
 	} {
