@@ -15,7 +15,7 @@ type SQLBeginner interface {
 
 // BeginDB is Begin for database/sql: it opens a transaction on db with
 // opts (nil: the defaults) and declares tok in it, in a second round trip
-// (SELECT pgfence.declare_token($1, $2)). The caller must end the
+// (CALL pgfence.declare($1, $2)). The caller must end the
 // transaction with Commit or Rollback. ctx is the transaction's context,
 // as for db.BeginTx: database/sql rolls the transaction back if ctx ends
 // before Commit.
@@ -36,7 +36,7 @@ func BeginDB(ctx context.Context, db SQLBeginner, tok Token, opts *sql.TxOptions
 	}
 	if _, err := tx.ExecContext(ctx, sqlDeclareToken, tok.Lease, tok.Fence); err != nil {
 		_ = tx.Rollback() // the declaration's failure matters more
-		return nil, fmt.Errorf("fencing: declare token %v: %w", tok, classify(tok, err))
+		return nil, fmt.Errorf("fencing: declare token %v%s: %w", tok, notMigrated(err), classify(tok, err))
 	}
 	return tx, nil
 }

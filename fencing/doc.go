@@ -21,12 +21,13 @@
 // it), even after a failover or a restore lost grants. A transaction
 // declares its token with Begin or InTx, which run
 //
-//	SELECT pgfence.declare_token($1, $2)
+//	CALL pgfence.declare($1, $2)
 //
-// (in the same round trip as BEGIN where they can). The declaration is
-// bound to the transaction's id: it ends with the transaction and is
-// honoured by no other — not by a later transaction on a pooled connection,
-// not when set with SET or PGOPTIONS.
+// (in the same round trip as BEGIN where they can). SQL clients do the
+// same, or SELECT pgfence.declare_token($1, $2) where only a query can go.
+// The declaration is bound to the transaction's id: it ends with the
+// transaction and is honoured by no other — not by a later transaction on
+// a pooled connection, not when set with SET or PGOPTIONS.
 //
 // # The guard
 //
@@ -93,7 +94,7 @@
 // # database/sql
 //
 // BeginDB and InDBTx are Begin and InTx on a *sql.DB, *sql.Conn or
-// *sqlx.DB (SQLBeginner): BEGIN, then pgfence.declare_token in a second
+// *sqlx.DB (SQLBeginner): BEGIN, then pgfence.declare in a second
 // round trip. Rejections map to ErrStale and ErrNoToken whichever driver
 // reports them: IsStale and IsNoToken read the SQLSTATE of a
 // *pgconn.PgError and of any error with a SQLState method (lib/pq's
@@ -155,7 +156,7 @@
 // the token, then have pgfence.token_fence check it (it raises PF001 or
 // PF002, and holds the fence lock until the transaction ends):
 //
-//	SELECT pgfence.declare_token($4, $3);   -- in the same transaction
+//	CALL pgfence.declare($4, $3);   -- in the same transaction
 //	UPDATE accounts SET balance = $2, fence = pgfence.token_fence('accounts')
 //	 WHERE id = $1 AND fence <= $3
 //

@@ -22,16 +22,18 @@ const (
 // by pgx.Identifier and cast to regclass on the server.
 const (
 	// sqlDeclareToken declares the token for the current transaction
-	// (pgfence.declare_token binds it to the transaction's id: it is
-	// honoured by no other transaction). $1 = lease, $2 = fence.
-	sqlDeclareToken = `SELECT pgfence.declare_token($1, $2)`
+	// (pgfence.declare binds it to the transaction's id: it is honoured by
+	// no other transaction). A procedure (migration 12), run by CALL:
+	// PostgreSQL neither plans it nor returns a row, as it does for SELECT
+	// pgfence.declare_token. $1 = lease, $2 = fence.
+	sqlDeclareToken = `CALL pgfence.declare($1, $2)`
 
 	// sqlBeginDeclare opens a transaction and declares the token in one
 	// round trip (simple protocol, two statements), where db can BeginTx.
 	// It cannot take parameters, so the values are spliced in a form that
 	// no setting can misread: the lease as an escape string constant
 	// (quoteLease), the fence as a decimal integer (%d).
-	sqlBeginDeclare = `BEGIN; SELECT pgfence.declare_token(%s, %d)`
+	sqlBeginDeclare = `BEGIN; CALL pgfence.declare(%s, %d)`
 
 	// sqlProtect installs the guard. $1 = quoted, possibly schema-qualified
 	// table name; the regclass cast resolves it (search_path applies to an

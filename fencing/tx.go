@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
@@ -44,9 +45,11 @@ const rollbackTimeout = 5 * time.Second
 // The caller must end the transaction with Commit or Rollback (Rollback is
 // safe to call after Commit, as with any pgx.Tx).
 //
-// The declaration (pgfence.declare_token) is bound to this transaction: it
-// vanishes at COMMIT or ROLLBACK and is honoured by no other transaction,
-// so a pooled connection never carries it to someone else. Where db can
+// The declaration (CALL pgfence.declare, migration 12) is bound to this
+// transaction: it vanishes at COMMIT or ROLLBACK and is honoured by no
+// other transaction, so a pooled connection never carries it to someone
+// else. A database without migration 12 fails Begin with a message saying
+// to run `pgfence migrate up`. Where db can
 // BeginTx (*pgxpool.Pool, *pgxpool.Conn, *pgx.Conn), BEGIN and the
 // declaration share one round trip; on a pgx.Tx, Begin opens a savepoint
 // and declares in a second one, and the token stays declared until the
@@ -74,7 +77,7 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 				_, _ = conn.Exec(rctx, "ROLLBACK")
 				cancel()
 			} // a pool discards a connection left inside a transaction
-			return nil, fmt.Errorf("fencing: begin with token %v: %w", tok, err)
+			return nil, fmt.Errorf("fencing: begin with token %v%s: %w", tok, notMigrated(err), err)
 		}
 		return tx, nil
 	}
@@ -84,9 +87,19 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	}
 	if _, err := tx.Exec(ctx, sqlDeclareToken, tok.Lease, tok.Fence); err != nil {
 		rollback(ctx, tx)
-		return nil, fmt.Errorf("fencing: declare token %v: %w", tok, err)
+		return nil, fmt.Errorf("fencing: declare token %v%s: %w", tok, notMigrated(err), err)
 	}
 	return tx, nil
+}
+
+// notMigrated is what to add to a failed declaration's context when the
+// database lacks pgfence.declare (migration 12) or schema pgfence.
+func notMigrated(err error) string {
+	switch sqlState(err) {
+	case pgerr.UndefinedFunction, pgerr.InvalidSchemaName:
+		return " (pgfence.declare is missing: run `pgfence migrate up`; fencing needs migration 12)"
+	}
+	return ""
 }
 
 // checkBegin validates the arguments of Begin and BeginDB.

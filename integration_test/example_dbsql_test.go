@@ -58,7 +58,7 @@ func Example_gorm() {
 	err = gdb.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Declare the token first: every write of the transaction is
 		// then checked by the guard (fencing.BeginDB does the same).
-		if err := tx.Exec("SELECT pgfence.declare_token(?, ?)", tok.Lease, tok.Fence).Error; err != nil {
+		if err := tx.Exec("CALL pgfence.declare(?, ?)", tok.Lease, tok.Fence).Error; err != nil {
 			return err
 		}
 		return tx.Exec("UPDATE accounts SET balance = balance - ? WHERE id = ?", 10, 1).Error

@@ -36,7 +36,7 @@ func TestGORMFencedWrite(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	write := func(tok fencing.Token, balance int) error {
 		return gdb.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			if err := tx.Exec("SELECT pgfence.declare_token(?, ?)", tok.Lease, tok.Fence).Error; err != nil {
+			if err := tx.Exec("CALL pgfence.declare(?, ?)", tok.Lease, tok.Fence).Error; err != nil {
 				return err
 			}
 			return tx.Exec("INSERT INTO accounts (id, balance) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET balance = excluded.balance", balance).Error
