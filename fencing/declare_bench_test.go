@@ -16,7 +16,8 @@ import (
 // pipelinedTx runs fn in a transaction whose BEGIN and declaration are
 // sent in one round trip, the declaration as a prepared statement
 // (extended protocol, pgx's statement cache): a candidate for Begin that
-// would need a pgx.Tx of pgfence's own.
+// would need a pgx.Tx of pgfence's own. A sketch: no error mapping, and a
+// ROLLBACK without a timeout.
 func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn func(c *pgx.Conn) error) error {
 	c, err := pool.Acquire(ctx)
 	if err != nil {
@@ -37,45 +38,39 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 	return err
 }
 
-// BenchmarkDeclareCandidates measures two candidate ways of declaring the
-// token against what InTx does (a simple-protocol "BEGIN; SELECT
-// pgfence.declare_token(...)", parsed and planned every time) and against
+// BenchmarkDeclareCandidates measures ways of declaring the token against
 // the unprotected transaction, at 1 and 8 goroutines (docs/performance.md,
 // "Candidates for the declaration"):
 //
-//   - pipe: BEGIN and a prepared declaration in one pipelined round trip
-//     (pipelinedTx).
-//   - exec: pgx's own transaction with BeginQuery "BEGIN; EXECUTE
-//     pgfence_declare(...)", the statement prepared on each connection by
-//     the pool's AfterConnect.
+//   - fenced: what InTx does, "BEGIN; CALL pgfence.declare(...)" in one
+//     simple-protocol message (migration 12).
+//   - select: what InTx did before, "BEGIN; SELECT
+//     pgfence.declare_token(...)", planned and answered with a row on
+//     every transaction.
+//   - pipe: BEGIN and a prepared SELECT declaration in one pipelined round
+//     trip (pipelinedTx), which would need a pgx.Tx of pgfence's own.
 //
-// Neither is what the package does. Each variant updates its own table,
-// so that dead tuples left by one do not slow the next. Run the binary
-// several times for interleaved sides:
+// Each variant updates its own table, so that dead tuples left by one do
+// not slow the next. Run the binary several times for interleaved sides:
 //
 //	go test -c -o /tmp/fencing.test ./fencing/
 //	for i in $(seq 10); do /tmp/fencing.test -test.run '^$' -test.bench DeclareCandidates -test.benchtime 4000x; done
 func BenchmarkDeclareCandidates(b *testing.B) {
 	const rows = 800
+	kinds := []string{"plain", "fenced", "select", "pipe"}
 	pool := setup(b)
-	epool := pgtest.PoolFor(b, pool.Config().ConnString(), func(cfg *pgxpool.Config) {
-		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-			_, err := c.Exec(ctx, `PREPARE pgfence_declare(text, bigint) AS SELECT pgfence.declare_token($1, $2)`)
-			return err
-		}
-	})
-	for _, table := range []string{"s_plain", "s_fenced", "s_pipe", "s_exec"} {
-		mustExec(b, pool, `CREATE TABLE `+table+` (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`)
-	}
-	for _, table := range []string{"s_fenced", "s_pipe", "s_exec"} {
-		if err := fencing.Protect(bg, pool, table); err != nil {
-			b.Fatal(err)
+	for _, kind := range kinds {
+		mustExec(b, pool, `CREATE TABLE s_`+kind+` (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`)
+		if kind != "plain" {
+			if err := fencing.Protect(bg, pool, "s_"+kind); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	tok := grant(b, pool, "candidates", time.Hour)
 	if err := fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
-		for _, table := range []string{"s_plain", "s_fenced", "s_pipe", "s_exec"} {
-			if _, err := tx.Exec(bg, `INSERT INTO `+table+` (id) SELECT generate_series(1, $1::int)`, rows); err != nil {
+		for _, kind := range kinds {
+			if _, err := tx.Exec(bg, `INSERT INTO s_`+kind+` (id) SELECT generate_series(1, $1::int)`, rows); err != nil {
 				return err
 			}
 		}
@@ -84,30 +79,31 @@ func BenchmarkDeclareCandidates(b *testing.B) {
 		b.Fatal(err)
 	}
 	write := func(kind string, id int) error {
+		update := `UPDATE s_` + kind + ` SET v = v + 1 WHERE id = $1`
 		switch kind {
 		case "fenced":
 			return fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
-				_, err := tx.Exec(bg, `UPDATE s_fenced SET v = v + 1 WHERE id = $1`, id)
+				_, err := tx.Exec(bg, update, id)
 				return err
 			})
-		case "exec":
-			return pgx.BeginTxFunc(bg, epool, pgx.TxOptions{BeginQuery: fmt.Sprintf(`BEGIN; EXECUTE pgfence_declare('candidates', %d)`, tok.Fence)}, func(tx pgx.Tx) error {
-				_, err := tx.Exec(bg, `UPDATE s_exec SET v = v + 1 WHERE id = $1`, id)
+		case "select":
+			return pgx.BeginTxFunc(bg, pool, pgx.TxOptions{BeginQuery: fmt.Sprintf(`BEGIN; SELECT pgfence.declare_token('candidates', %d)`, tok.Fence)}, func(tx pgx.Tx) error {
+				_, err := tx.Exec(bg, update, id)
 				return err
 			})
 		case "pipe":
 			return pipelinedTx(bg, pool, tok, func(c *pgx.Conn) error {
-				_, err := c.Exec(bg, `UPDATE s_pipe SET v = v + 1 WHERE id = $1`, id)
+				_, err := c.Exec(bg, update, id)
 				return err
 			})
 		}
 		return pgx.BeginFunc(bg, pool, func(tx pgx.Tx) error {
-			_, err := tx.Exec(bg, `UPDATE s_plain SET v = v + 1 WHERE id = $1`, id)
+			_, err := tx.Exec(bg, update, id)
 			return err
 		})
 	}
 	for _, goroutines := range []int{1, 8} {
-		for _, kind := range []string{"plain", "fenced", "pipe", "exec"} {
+		for _, kind := range kinds {
 			b.Run(fmt.Sprintf("%s/%d", kind, goroutines), func(b *testing.B) {
 				pgtest.Split(b, goroutines, func(g, i int) error {
 					return write(kind, g*rows/goroutines+i%(rows/goroutines)+1)
