@@ -2,14 +2,17 @@ package fencing_test
 
 import (
 	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // TestBeginBeforeMigration12 (scenario: the application was upgraded
@@ -68,5 +71,50 @@ func TestBeginBeforeMigration12(t *testing.T) {
 	want("InDBTx", err)
 	if n := db.Stats().InUse; n != 0 {
 		t.Fatalf("%d database/sql connections in use after the failed declarations", n)
+	}
+}
+
+// TestDeclareInEveryExecMode: the declaration, a CALL with parameters on a
+// pgx.Tx, works in each of pgx's query exec modes (a pooler needs one of
+// the modes without prepared statements, docs/production.md), and so does
+// InTx on a pool configured with that mode: a current token writes, a
+// stale one is refused.
+func TestDeclareInEveryExecMode(t *testing.T) {
+	t.Parallel()
+	base := setup(t)
+	u := base.Config().ConnString()
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeCacheStatement,
+		pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec,
+		pgx.QueryExecModeSimpleProtocol,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := pgtest.PoolFor(t, u, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
+			lease := "mode/" + mode.String()
+			old := grant(t, pool, lease, time.Minute)
+			expire(t, pool, lease)
+			tok := grant(t, pool, lease, time.Minute)
+			id := int(mode) + 1
+			if err := write(pool, tok, id, "intx"); err != nil {
+				t.Fatalf("InTx: %v", err)
+			}
+			wantStaleTx(t, write(pool, old, id, "stale"), old)
+			err := pgx.BeginFunc(bg, pool, func(outer pgx.Tx) error {
+				tx, err := fencing.Begin(bg, outer, tok)
+				if err != nil {
+					return fmt.Errorf("Begin on a pgx.Tx: %w", err)
+				}
+				if _, err := tx.Exec(bg, upsertItem, id, "savepoint"); err != nil {
+					return err
+				}
+				return tx.Commit(bg)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantItem(t, pool, id, "savepoint", tok.Fence)
+		})
 	}
 }
