@@ -83,13 +83,7 @@ func TestDeclareInEveryExecMode(t *testing.T) {
 	t.Parallel()
 	base := setup(t)
 	u := base.Config().ConnString()
-	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement,
-		pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec,
-		pgx.QueryExecModeExec,
-		pgx.QueryExecModeSimpleProtocol,
-	} {
+	for _, mode := range pgtest.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			pool := pgtest.PoolFor(t, u, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
 			lease := "mode/" + mode.String()

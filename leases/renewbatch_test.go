@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -20,13 +19,7 @@ import (
 func TestRenewBatchModes(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	for _, mode := range []pgx.QueryExecMode{
-		pgx.QueryExecModeCacheStatement,
-		pgx.QueryExecModeCacheDescribe,
-		pgx.QueryExecModeDescribeExec,
-		pgx.QueryExecModeExec,
-		pgx.QueryExecModeSimpleProtocol,
-	} {
+	for _, mode := range pgtest.ExecModes {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })

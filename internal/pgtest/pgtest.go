@@ -203,6 +203,17 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return PoolFor(t, URL(t))
 }
 
+// ExecModes are pgx's query exec modes, for tests that run a statement in
+// each (poolers need the modes without prepared statements, and pgx
+// encodes arguments differently in each).
+var ExecModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement,
+	pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec,
+	pgx.QueryExecModeSimpleProtocol,
+}
+
 // PoolFor opens a pool over databaseURL, adjusted by opts (pool size, a
 // proxy's address, a tracer), and pings it. When t ends it fails t if a
 // connection is still acquired — whatever the test called must have given
