@@ -18,7 +18,8 @@ var ErrStale = errors.New("fencing: stale token: the database rejected the write
 // ErrNoToken means the database rejected a write to a protected table
 // because the transaction declared no token (or a malformed one): the write
 // did not go through Begin or InTx (or CALL pgfence.declare in the same
-// transaction). It is a programming error, not a lost lease, so IsStale is false for it.
+// transaction). It is a programming error, not a lost lease, so IsStale is
+// false for it.
 var ErrNoToken = errors.New("fencing: write to a protected table declares no token")
 
 // StaleError is what InTx returns when the guard rejected a write as stale

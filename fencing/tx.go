@@ -49,14 +49,14 @@ const rollbackTimeout = 5 * time.Second
 // transaction: it vanishes at COMMIT or ROLLBACK and is honoured by no
 // other transaction, so a pooled connection never carries it to someone
 // else. A database without migration 12 fails Begin with a message saying
-// to run `pgfence migrate up`. Where db can
-// BeginTx (*pgxpool.Pool, *pgxpool.Conn, *pgx.Conn), BEGIN and the
-// declaration share one round trip; on a pgx.Tx, Begin opens a savepoint
-// and declares in a second one, and the token stays declared until the
-// outer transaction ends. In a database whose encoding is not UTF-8,
-// connect with client_encoding=UTF8: otherwise pgx sends Go's UTF-8 as the
-// database's encoding, a lease granted under a non-ASCII name is stored
-// under another one than Begin declares, and its writes are refused.
+// to run `pgfence migrate up`. Where db can BeginTx (*pgxpool.Pool,
+// *pgxpool.Conn, *pgx.Conn), BEGIN and the declaration share one round
+// trip; on a pgx.Tx, Begin opens a savepoint and declares in a second one,
+// and the token stays declared until the outer transaction ends. In a
+// database whose encoding is not UTF-8, connect with client_encoding=UTF8:
+// otherwise pgx sends Go's UTF-8 as the database's encoding, a lease
+// granted under a non-ASCII name is stored under another one than Begin
+// declares, and its writes are refused.
 //
 // Begin validates tok first (ErrInvalid) and sends nothing if it is
 // invalid; it does not check staleness — the guard does, on each write, so
