@@ -49,6 +49,8 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 //     every transaction.
 //   - pipe: BEGIN and a prepared SELECT declaration in one pipelined round
 //     trip (pipelinedTx), which would need a pgx.Tx of pgfence's own.
+//   - declare: InTx's declaration on an unprotected table, no guard: what
+//     fencing would cost if the guard cost nothing.
 //
 // Each variant updates its own table, so that dead tuples left by one do
 // not slow the next. Run the binary several times for interleaved sides:
@@ -57,11 +59,11 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 //	for i in $(seq 10); do /tmp/fencing.test -test.run '^$' -test.bench DeclareCandidates -test.benchtime 4000x; done
 func BenchmarkDeclareCandidates(b *testing.B) {
 	const rows = 800
-	kinds := []string{"plain", "fenced", "select", "pipe"}
+	kinds := []string{"plain", "fenced", "select", "pipe", "declare"}
 	pool := setup(b)
 	for _, kind := range kinds {
 		mustExec(b, pool, `CREATE TABLE s_`+kind+` (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`)
-		if kind != "plain" {
+		if kind != "plain" && kind != "declare" {
 			if err := fencing.Protect(bg, pool, "s_"+kind); err != nil {
 				b.Fatal(err)
 			}
@@ -83,6 +85,11 @@ func BenchmarkDeclareCandidates(b *testing.B) {
 		switch kind {
 		case "fenced":
 			return fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
+				_, err := tx.Exec(bg, update, id)
+				return err
+			})
+		case "declare":
+			return pgx.BeginTxFunc(bg, pool, pgx.TxOptions{BeginQuery: fmt.Sprintf(`BEGIN; CALL pgfence.declare('candidates', %d)`, tok.Fence)}, func(tx pgx.Tx) error {
 				_, err := tx.Exec(bg, update, id)
 				return err
 			})
