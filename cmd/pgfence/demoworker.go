@@ -56,7 +56,7 @@ docker-compose worker service) compete; each period is written exactly once,
 and a worker that was paused past its TTL is rejected by the database.
 
 It stops after --periods periods (0: until SIGINT/SIGTERM; a write in
-flight is finished and reported first, within 5s). The schema
+flight is finished and reported first, within ` + demoWriteTimeout.String() + `). The schema
 pgfence must be migrated; the demo table is created if missing.`,
 		Hidden: true,
 		Args:   argsUsage(cobra.NoArgs),
