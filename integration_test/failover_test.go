@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgcluster"
@@ -229,25 +230,46 @@ func TestFailoverSync(t *testing.T) {
 		t.Errorf("pgfence.try_acquire on a standby = %v; want SQLSTATE %s", err, sqlstateReadOnly)
 	}
 	// pglock refuses a standby: every acquiring call fails with ErrStandby
-	// and takes nothing, in both scopes.
+	// and takes nothing, in both scopes. Each is refused at once; the
+	// deadline (generous for a loaded machine) turns a lock granted there
+	// and then awaited into a failure rather than a hang.
+	refuseCtx, cancelRefuse := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelRefuse()
+	// refused gives back a Lock granted by mistake, so that its pinned
+	// connection does not keep the pool from closing, and returns err.
+	refused := func(lk *pglock.Lock, err error) error {
+		if lk != nil {
+			_ = lk.Unlock(context.Background())
+		}
+		return err
+	}
 	standbyLocker := newLocker(t, standbyPool)
 	for op, try := range map[string]func() error{
-		"Lock":     func() error { _, err := standbyLocker.Lock(ctx, "failover/lock"); return err },
-		"TryLock":  func() error { _, err := standbyLocker.TryLock(ctx, "failover/lock"); return err },
-		"RLock":    func() error { _, err := standbyLocker.RLock(ctx, "failover/lock"); return err },
-		"TryRLock": func() error { _, err := standbyLocker.TryRLock(ctx, "failover/lock"); return err },
+		"Lock":     func() error { return refused(standbyLocker.Lock(refuseCtx, "failover/lock")) },
+		"TryLock":  func() error { return refused(standbyLocker.TryLock(refuseCtx, "failover/lock")) },
+		"RLock":    func() error { return refused(standbyLocker.RLock(refuseCtx, "failover/lock")) },
+		"TryRLock": func() error { return refused(standbyLocker.TryRLock(refuseCtx, "failover/lock")) },
 		"XactLock": func() error {
-			return pgx.BeginFunc(ctx, standbyPool, func(tx pgx.Tx) error { return pglock.XactLock(ctx, tx, "failover/lock") })
+			return pgx.BeginFunc(refuseCtx, standbyPool, func(tx pgx.Tx) error { return pglock.XactLock(refuseCtx, tx, "failover/lock") })
 		},
 		"TryXactLock": func() error {
-			return pgx.BeginFunc(ctx, standbyPool, func(tx pgx.Tx) error {
-				_, err := pglock.TryXactLock(ctx, tx, "failover/lock")
+			return pgx.BeginFunc(refuseCtx, standbyPool, func(tx pgx.Tx) error {
+				_, err := pglock.TryXactLock(refuseCtx, tx, "failover/lock")
 				return err
 			})
 		},
 	} {
 		if err := try(); !errors.Is(err, pglock.ErrStandby) {
 			t.Errorf("pglock %s on a standby = %v, want ErrStandby", op, err)
+		}
+	}
+	// A standby's session is never proven (pglock/proven.go): on one
+	// connection, a second try is refused like the first.
+	oneConn := newPool(t, p.standby.URL("postgres"), "failover-standby-one", func(c *pgxpool.Config) { c.MaxConns = 1 })
+	oneLocker := newLocker(t, oneConn)
+	for i := range 2 {
+		if err := refused(oneLocker.TryLock(refuseCtx, "failover/lock")); !errors.Is(err, pglock.ErrStandby) {
+			t.Errorf("pglock TryLock %d on one standby connection = %v, want ErrStandby", i+1, err)
 		}
 	}
 	var standbyLocks int

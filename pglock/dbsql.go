@@ -79,7 +79,7 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		abandoned bool
 	)
 	if m.try {
-		pid, taken, err = try(ctx, q, s.keys, m.shared)
+		pid, taken, err = try(ctx, q, s.keys, m.shared, 0)
 	} else {
 		pid, abandoned, err = l.waitDB(ctx, sc, s.keys, m.shared)
 	}
@@ -120,7 +120,7 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	if err != nil {
 		return 0, false, err
 	}
-	query, arg := lockStatement(keys, shared)
+	query, arg := lockStatement(keys, shared, false)
 	timeout := lockTimeout(ctx)
 	// The statement runs without ctx's cancellation (the driver would
 	// close the connection, or send a cancel request that may be lost);

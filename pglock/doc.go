@@ -220,7 +220,9 @@
 // lock. If it does not, the connection is destroyed and the call returns
 // ErrPooler. The check is conclusive only when it fails: an idle pooler may
 // hand a lone client the same server session again. A direct connection
-// pays nothing for it.
+// pays for it once: after its first lock shows the pid it was opened to,
+// the lock statements on that connection carry neither this check nor the
+// standby check (a direct connection keeps its session for life).
 //
 // # database/sql
 //
@@ -236,8 +238,10 @@
 // # Standbys
 //
 // A hot standby grants advisory locks, but they exclude nobody on the
-// primary. Every acquiring statement carries WHERE NOT pg_is_in_recovery(),
-// so on a standby no lock is taken and the call returns ErrStandby: connect
-// to the primary, for example with a multi-host connection string and
-// target_session_attrs=read-write.
+// primary. Acquiring statements carry WHERE NOT pg_is_in_recovery(), so on
+// a standby no lock is taken and the call returns ErrStandby: connect to
+// the primary, for example with a multi-host connection string and
+// target_session_attrs=read-write. (A direct connection that has once
+// been granted a lock skips the check: a primary's session never finds
+// itself on a standby, because a primary becomes one only by restarting.)
 package pglock

@@ -152,12 +152,17 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		pid       uint32
 		taken     = len(s.keys) // of s.keys, those before taken are held
 		abandoned bool
+		pg        = conn.Conn().PgConn()
+		known     uint32 // the session's pid, if proven (proven.go)
 	)
+	if proven(pg) {
+		known = pg.PID()
+	}
 	switch {
 	case !m.try:
-		pid, abandoned, err = l.wait(ctx, conn, s.keys, m.shared)
+		pid, abandoned, err = l.wait(ctx, conn, s.keys, m.shared, known)
 	default:
-		pid, taken, err = try(ctx, conn, s.keys, m.shared)
+		pid, taken, err = try(ctx, conn, s.keys, m.shared, known)
 	}
 	switch {
 	case abandoned:
@@ -182,11 +187,17 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		return nil, l.refused(ctx, conn, s, taken, m.op)
 	}
 	// On a direct connection the answering backend is the one the
-	// connection was opened to, and there is nothing to check. Through a
-	// pooler the pid differs (PgBouncer hands clients keys of its own), and
-	// the lock must be proven to belong to the session we still talk to
-	// (one key of a set proves it: one statement took them all).
-	if pid != conn.Conn().PgConn().PID() {
+	// connection was opened to, and there is nothing to check: the session
+	// is proven from now on. Through a pooler the pid differs (PgBouncer
+	// hands clients keys of its own), and the lock must be shown to belong
+	// to the session we still talk to (one key of a set shows it: one
+	// statement took them all).
+	switch {
+	case pid == pg.PID():
+		if known == 0 {
+			prove(pg)
+		}
+	default:
 		if err := verifySession(ctx, conn.Conn(), s.keys[0], m.shared); err != nil {
 			// The lock went to a server session this connection may no
 			// longer reach (a transaction-mode pooler: ErrPooler), or the
@@ -204,18 +215,30 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 
 // try tries the session locks keys (several only exclusive) on q, and
 // returns the answering backend and how many of keys it took: all, or the
-// index of the refused one (those before it are then held).
-func try(ctx context.Context, q dbx.Querier, keys []int64, shared bool) (pid uint32, taken int, err error) {
+// index of the refused one (those before it are then held). known is the
+// pid of q's session if it is proven (proven.go), or 0.
+func try(ctx context.Context, q dbx.Querier, keys []int64, shared bool, known uint32) (pid uint32, taken int, err error) {
 	if len(keys) > 1 {
 		var n int32
 		err = q.QueryRow(ctx, sqlTryLockAll, keys, false).Scan(&pid, &n)
 		return pid, int(n), err
 	}
-	query, granted := sqlTryLock, false
-	if shared {
-		query = sqlTryLockShared
+	granted := false
+	switch {
+	case known != 0:
+		query := sqlTryLockProven
+		if shared {
+			query = sqlTryLockSharedProven
+		}
+		pid = known
+		err = q.QueryRow(ctx, query, keys[0]).Scan(&granted)
+	default:
+		query := sqlTryLock
+		if shared {
+			query = sqlTryLockShared
+		}
+		err = q.QueryRow(ctx, query, keys[0]).Scan(&pid, &granted)
 	}
-	err = q.QueryRow(ctx, query, keys[0]).Scan(&pid, &granted)
 	if !granted {
 		return pid, 0, err
 	}

@@ -45,9 +45,11 @@ const answerWait = 250 * time.Millisecond
 // returns only after the wait is over on the server (see above), with
 // abandoned true; the caller must then destroy conn, whatever err says.
 // Of several keys, those before the one awaited are then held by conn's
-// session, which is one more reason to destroy it.
-func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool) (pid uint32, abandoned bool, err error) {
-	sql, arg := lockStatement(keys, shared)
+// session, which is one more reason to destroy it. known is the pid of
+// conn's session if it is proven (proven.go), or 0.
+func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool, known uint32) (pid uint32, abandoned bool, err error) {
+	short := known != 0 && len(keys) == 1 // the statement returns the lock function's result only
+	sql, arg := lockStatement(keys, shared, short)
 	timeout := lockTimeout(ctx)
 	finished := make(chan struct{})
 	cleaned := make(chan struct{})
@@ -74,7 +76,12 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	})
 	// The statement runs without ctx's cancellation: pgx would close the
 	// connection at once and leave the backend waiting. abandon ends it.
-	err = conn.QueryRow(context.WithoutCancel(ctx), sql, arg, timeout).Scan(&pid, nil)
+	if short {
+		pid = known
+		err = conn.QueryRow(context.WithoutCancel(ctx), sql, arg, timeout).Scan(nil)
+	} else {
+		err = conn.QueryRow(context.WithoutCancel(ctx), sql, arg, timeout).Scan(&pid, nil)
+	}
 	close(finished)
 	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
 		// The server ended the wait at the deadline it was given (of
@@ -92,11 +99,17 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 }
 
 // lockStatement returns the blocking acquire of keys and its first
-// argument.
-func lockStatement(keys []int64, shared bool) (string, any) {
+// argument; if short, of one key on a proven session (proven.go), the
+// statement without the checks, which returns the lock function's result
+// only.
+func lockStatement(keys []int64, shared, short bool) (string, any) {
 	switch {
 	case len(keys) > 1:
 		return sqlLockAll, keys
+	case short && shared:
+		return sqlLockSharedProven, keys[0]
+	case short:
+		return sqlLockProven, keys[0]
 	case shared:
 		return sqlLockShared, keys[0]
 	}
