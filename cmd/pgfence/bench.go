@@ -40,12 +40,12 @@ Each comparison runs for --duration per side at each --concurrency (each
 goroutine uses its own lease, lock and row, so nothing contends; the fenced
 writers share the lease's fence lock in shared mode), after a short
 warm-up, alternating the two sides in 250ms slices so that changes in the
-machine's load affect both alike. It prints operations per second, the ratio pgfence/raw and
-the p50/p99 latency of one operation. It creates the schema pgfence_bench
-(dropping any left by an interrupted run) and drops it at the end, and
-releases every lease and lock it takes. It needs the pgfence schema
-(pgfence migrate up). Run it where the production clients run: the figures
-are mostly network round trips.`
+machine's load affect both alike. It prints operations per second, the
+ratio pgfence/raw and the p50/p99 latency of one operation. It creates the
+schema pgfence_bench (dropping any left by an interrupted run) and drops it
+at the end, and releases every lease and lock it takes. It needs the
+pgfence schema (pgfence migrate up). Run it where the production clients
+run: the figures are mostly network round trips.`
 
 // The raw baselines are the SQL a user would write by hand
 // (internal/benchsql); the fenced table is the library's.
