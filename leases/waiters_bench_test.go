@@ -140,6 +140,10 @@ func BenchmarkWaiters64(b *testing.B) {
 	})
 }
 
+// minCheckedHandovers is how many hand-overs reportWaitersStatements
+// needs before it holds their statements to the bound.
+const minCheckedHandovers = 100
+
 func reportWaitersStatements(b *testing.B, grants, stmts int64, procs int) {
 	if grants == 0 {
 		b.Fatal("no grants")
@@ -149,8 +153,11 @@ func reportWaitersStatements(b *testing.B, grants, stmts int64, procs int) {
 	// Each hand-over costs the release, the grant and at most one failed
 	// attempt per other process's head; a per-waiter cost would show as
 	// tens of statements. Generous: notifications and local wake-ups can
-	// each prompt one attempt per process.
-	if bound := float64(2 + 2*procs); perHandover > bound {
+	// each prompt one attempt per process. Checked only over enough
+	// hand-overs to spread the start, where every waiter tries once: the
+	// benchmark's first run, of one hand-over, measured 11 with 4
+	// processes.
+	if bound := float64(2 + 2*procs); grants >= minCheckedHandovers && perHandover > bound {
 		b.Errorf("%.1f statements per hand-over with %d processes, want at most %.0f (bounded by processes, not waiters)", perHandover, procs, bound)
 	}
 }
