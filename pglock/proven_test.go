@@ -40,32 +40,41 @@ func (s *statementLog) take() []string {
 }
 
 // tracedPool opens a pool of one connection over u whose statements log
-// records.
-func tracedPool(t *testing.T, u string, log *statementLog) *pgxpool.Pool {
+// records; opts adjust it further.
+func tracedPool(t *testing.T, u string, log *statementLog, opts ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
-	return pgtest.PoolFor(t, u, func(c *pgxpool.Config) {
+	return pgtest.PoolFor(t, u, append([]func(*pgxpool.Config){func(c *pgxpool.Config) {
 		c.MaxConns = 1
 		c.ConnConfig.Tracer = log
-	})
+	}}, opts...)...)
 }
 
 // TestProvenSession: the first acquire on a direct connection runs the
 // statement with the pid and standby checks; every later acquire of one
 // key on that connection runs the one without them, and still excludes
-// other sessions; a new connection starts over.
+// other sessions; a new connection starts over. In each of pgx's exec
+// modes, which send the statements' arguments differently.
 func TestProvenSession(t *testing.T) {
 	t.Parallel()
 	u := pgtest.URL(t)
+	other := newLocker(t, newPool(t, u, 2))
+	for _, mode := range pgtest.ExecModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			testProvenSession(t, u, mode, other)
+		})
+	}
+}
+
+func testProvenSession(t *testing.T, u string, mode pgx.QueryExecMode, other *Locker) {
 	ctx := testContext(t)
 	log := &statementLog{}
-	pool := tracedPool(t, u, log)
+	pool := tracedPool(t, u, log, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
 	l := newLocker(t, pool)
-	other := newLocker(t, newPool(t, u, 2))
 	log.take() // the pool's ping
 
 	cycle := func(what string, acquire func(context.Context, string) (*Lock, error), conflicts func(context.Context, string) (*Lock, error), want string) {
 		t.Helper()
-		name := "proven/" + what
+		name := "proven/" + mode.String() + "/" + what
 		lk, err := acquire(ctx, name)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
@@ -92,7 +101,7 @@ func TestProvenSession(t *testing.T) {
 	cycle("RLock", l.RLock, other.TryLock, sqlLockSharedProven)
 
 	// A set of names runs the statement of sets, which keeps its checks.
-	set, err := l.TryLockAll(ctx, "proven/a", "proven/b")
+	set, err := l.TryLockAll(ctx, "proven/"+mode.String()+"/a", "proven/"+mode.String()+"/b")
 	if err != nil {
 		t.Fatalf("TryLockAll: %v", err)
 	}
