@@ -11,6 +11,11 @@ package pglock
 // filter evaluated before the lock function, which then never runs. A
 // session that has passed both checks once runs the statements of one key
 // without them (proven.go).
+
+// withLockTimeout begins every blocking acquire: see sqlLock.
+const withLockTimeout = `
+WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))`
+
 const (
 	// The blocking acquires set the statement's own lock_timeout first
 	// ($2: ctx's remaining time, "1234ms"; NULL keeps the session's), so
@@ -18,11 +23,9 @@ const (
 	// the client is gone. set_config(..., true) lasts until the end of the
 	// statement's implicit transaction. A CTE with a volatile function is
 	// evaluated once, before the outer SELECT's target list.
-	sqlLock = `
-WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+	sqlLock = withLockTimeout + `
 SELECT pg_backend_pid(), pg_advisory_lock($1) FROM timeout WHERE NOT pg_is_in_recovery()`
-	sqlLockShared = `
-WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+	sqlLockShared = withLockTimeout + `
 SELECT pg_backend_pid(), pg_advisory_lock_shared($1) FROM timeout WHERE NOT pg_is_in_recovery()`
 
 	sqlUnlock       = `SELECT pg_advisory_unlock($1)`
@@ -33,8 +36,7 @@ SELECT pg_backend_pid(), pg_advisory_lock_shared($1) FROM timeout WHERE NOT pg_i
 	// they come). Each wait is bounded by the lock_timeout $2; the count is
 	// the number of keys taken, all of them unless the statement fails. No
 	// row on a standby (HAVING: an aggregate otherwise returns one).
-	sqlLockAll = `
-WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+	sqlLockAll = withLockTimeout + `
 SELECT pg_backend_pid(), count(pg_advisory_lock(k))
   FROM timeout, unnest($1::int8[]) AS k
  WHERE NOT pg_is_in_recovery()
@@ -121,11 +123,9 @@ const (
 const (
 	sqlTryLockProven       = `SELECT pg_try_advisory_lock($1)`
 	sqlTryLockSharedProven = `SELECT pg_try_advisory_lock_shared($1)`
-	sqlLockProven          = `
-WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+	sqlLockProven          = withLockTimeout + `
 SELECT pg_advisory_lock($1) FROM timeout`
-	sqlLockSharedProven = `
-WITH timeout AS (SELECT set_config('lock_timeout', coalesce($2, current_setting('lock_timeout')), true))
+	sqlLockSharedProven = withLockTimeout + `
 SELECT pg_advisory_lock_shared($1) FROM timeout`
 )
 
