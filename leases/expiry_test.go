@@ -119,7 +119,12 @@ func TestRenewalSurvivesTerminatedBackends(t *testing.T) {
 	pool := pgtest.PoolFor(t, url+"&application_name=holder")
 	c := newClient(t, pool)
 	ctx := testContext(t)
-	l, err := c.TryAcquire(ctx, "survivor", 2*time.Second)
+	// The TTL leaves the retries seconds between the scheduled renewal
+	// (TTL/3) and the local deadline (TTL − margin): with 2 s, 1.1 s was
+	// once not enough on the CI machine, which runs three -race test
+	// binaries on two cores. A keepalive that gave up on the error, or
+	// retried only on a dead connection, still loses the lease.
+	l, err := c.TryAcquire(ctx, "survivor", 6*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
