@@ -221,8 +221,9 @@
 // ErrPooler. The check is conclusive only when it fails: an idle pooler may
 // hand a lone client the same server session again. A direct connection
 // pays for it once: after its first lock shows the pid it was opened to,
-// the lock statements on that connection carry neither this check nor the
-// standby check (a direct connection keeps its session for life).
+// the statements that lock one name on that connection carry neither this
+// check nor the standby check (a direct connection keeps its session for
+// life).
 //
 // # database/sql
 //
