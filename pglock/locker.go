@@ -153,11 +153,8 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		taken     = len(s.keys) // of s.keys, those before taken are held
 		abandoned bool
 		pg        = conn.Conn().PgConn()
-		known     uint32 // the session's pid, if proven (proven.go)
+		known     = proven(pg) // the session's pid, if proven
 	)
-	if proven(pg) {
-		known = pg.PID()
-	}
 	switch {
 	case !m.try:
 		pid, abandoned, err = l.wait(ctx, conn, s.keys, m.shared, known)

@@ -25,10 +25,12 @@ import "github.com/jackc/pgx/v5/pgconn"
 // backend pid that was proven.
 const provenKey = "github.com/pgfence/pgfence/pglock.proven"
 
-// proven reports whether c's session is proven.
-func proven(c *pgconn.PgConn) bool {
-	pid, _ := c.CustomData()[provenKey].(uint32)
-	return pid != 0 && pid == c.PID()
+// proven returns the pid of c's session if it is proven, and 0 if not.
+func proven(c *pgconn.PgConn) uint32 {
+	if pid, _ := c.CustomData()[provenKey].(uint32); pid == c.PID() {
+		return pid
+	}
+	return 0
 }
 
 // prove marks c's session proven: the caller has just seen an acquiring
