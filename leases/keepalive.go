@@ -277,6 +277,7 @@ type renewBuf struct {
 	names, owners []string
 	fences, ttls  []int64
 	results       []renewResult
+	wire          []byte        // the arrays encoded (renewwire.go)
 	perLease      time.Duration // slowest recent successful batch, per lease; decays
 }
 
@@ -347,28 +348,17 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
 	var err error
 	defer func() { span.End(0, err) }()
-	rows, err := c.q.Query(ctx, sqlRenewBatch, textArray(names), textArray(owners), int8Array(fences), int8Array(ttls))
+	buf.names, buf.owners, buf.fences, buf.ttls, buf.results = names, owners, fences, ttls, results
+	err = c.renewRows(ctx, buf)
+	results = buf.results
 	if err != nil {
 		return failed(err)
 	}
-	m := rowMatcher{names: names}
-	var name rowName
-	var r renewResult
-	dest := []any{&name, &r.expiresAt, &r.busy, &r.handover} // for every row: no allocation per row
-	for rows.Next() {
-		if err := rows.Scan(dest...); err != nil {
-			rows.Close()
+	for _, r := range results {
+		if r.expiresAt.Valid && r.expiresAt.InfinityModifier != pgtype.Finite {
+			err = errors.New("cannot scan an infinite expires_at into time.Time")
 			return failed(err)
 		}
-		if r.expiresAt.Valid && r.expiresAt.InfinityModifier != pgtype.Finite {
-			rows.Close()
-			return failed(errors.New("cannot scan an infinite expires_at into time.Time"))
-		}
-		r.i = m.index(len(results), name)
-		results = append(results, r)
-	}
-	if err := rows.Err(); err != nil {
-		return failed(dbError("renew", err))
 	}
 	buf.took(n, time.Since(reqStart))
 	var lost []*Lease
