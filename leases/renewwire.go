@@ -34,10 +34,11 @@ func (c *Client) renewRows(ctx context.Context, buf *renewBuf) error {
 		return err
 	}
 	defer conn.Release()
-	if conn.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+	cfg := conn.Conn().Config() // a copy: read once
+	if cfg.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
 		return renewQuery(ctx, conn, buf)
 	}
-	return renewWire(ctx, conn.Conn(), buf)
+	return renewWire(ctx, conn.Conn(), cfg.Tracer, buf)
 }
 
 // renewQuery is renewRows through Query.
@@ -74,8 +75,8 @@ var (
 )
 
 // renewWire is renewRows on conn's pgconn, with the arguments encoded
-// into buf.wire.
-func renewWire(ctx context.Context, conn *pgx.Conn, buf *renewBuf) (err error) {
+// into buf.wire; t, if not nil, is conn's tracer.
+func renewWire(ctx context.Context, conn *pgx.Conn, t pgx.QueryTracer, buf *renewBuf) (err error) {
 	w := buf.wire[:0]
 	var ends [4]int
 	w = appendTextArray(w, buf.names)
@@ -90,7 +91,7 @@ func renewWire(ctx context.Context, conn *pgx.Conn, buf *renewBuf) (err error) {
 	params := [][]byte{w[:ends[0]], w[ends[0]:ends[1]], w[ends[1]:ends[2]], w[ends[2]:ends[3]]}
 
 	var tag pgconn.CommandTag
-	if t := conn.Config().Tracer; t != nil {
+	if t != nil {
 		ctx = t.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{
 			SQL:  sqlRenewBatch,
 			Args: []any{textArray(buf.names), textArray(buf.owners), int8Array(buf.fences), int8Array(buf.ttls)},
