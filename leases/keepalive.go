@@ -313,24 +313,34 @@ type renewResult struct {
 	handover  bool
 }
 
-// renewBatchBuf is renewBatch with buf's arrays. It clears them when done:
-// they keep no lease's name or owner reachable.
+// reset empties b's arrays for the next batch, clearing them first: they
+// keep no lease's name or owner reachable.
+func (b *renewBuf) reset() {
+	clear(b.names)
+	clear(b.owners)
+	clear(b.results)
+	b.names, b.owners, b.fences, b.ttls, b.results = b.names[:0], b.owners[:0], b.fences[:0], b.ttls[:0], b.results[:0]
+}
+
+// args are the batched renewal's arguments, the arrays of b.
+func (b *renewBuf) args() []any {
+	return []any{textArray(b.names), textArray(b.owners), int8Array(b.fences), int8Array(b.ttls)}
+}
+
+// renewBatchBuf is renewBatch with buf's arrays, which it empties when
+// done (reset).
 func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause, buf *renewBuf) (again bool) {
 	n := len(rs)
-	names := slices.Grow(buf.names[:0], n)[:n]
-	owners := slices.Grow(buf.owners[:0], n)[:n]
-	fences := slices.Grow(buf.fences[:0], n)[:n]
-	ttls := slices.Grow(buf.ttls[:0], n)[:n]
-	results := slices.Grow(buf.results[:0], n)
-	defer func() {
-		clear(names)
-		clear(owners)
-		clear(results)
-		buf.names, buf.owners, buf.fences, buf.ttls, buf.results = names[:0], owners[:0], fences[:0], ttls[:0], results[:0]
-	}()
+	buf.names = slices.Grow(buf.names[:0], n)[:n]
+	buf.owners = slices.Grow(buf.owners[:0], n)[:n]
+	buf.fences = slices.Grow(buf.fences[:0], n)[:n]
+	buf.ttls = slices.Grow(buf.ttls[:0], n)[:n]
+	buf.results = slices.Grow(buf.results[:0], n)
+	defer buf.reset()
+	names := buf.names
 	for i, r := range rs {
 		l := r.l
-		names[i], owners[i], fences[i], ttls[i] = l.name, l.owner, l.fence, r.ttl.Microseconds()
+		names[i], buf.owners[i], buf.fences[i], buf.ttls[i] = l.name, l.owner, l.fence, r.ttl.Microseconds()
 	}
 	reqStart := time.Now()
 	failed := func(err error) bool {
@@ -348,12 +358,10 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
 	var err error
 	defer func() { span.End(0, err) }()
-	buf.names, buf.owners, buf.fences, buf.ttls, buf.results = names, owners, fences, ttls, results
-	err = c.renewRows(ctx, buf)
-	results = buf.results
-	if err != nil {
+	if err = c.renewRows(ctx, buf); err != nil {
 		return failed(err)
 	}
+	results := buf.results
 	for _, r := range results {
 		if r.expiresAt.Valid && r.expiresAt.InfinityModifier != pgtype.Finite {
 			err = errors.New("cannot scan an infinite expires_at into time.Time")

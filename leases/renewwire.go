@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // A batched renewal sends four arrays with an element per due lease. pgx
@@ -42,10 +44,8 @@ func (c *Client) renewRows(ctx context.Context, buf *renewBuf) error {
 }
 
 // renewQuery is renewRows through Query.
-func renewQuery(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, buf *renewBuf) error {
-	rows, err := q.Query(ctx, sqlRenewBatch, textArray(buf.names), textArray(buf.owners), int8Array(buf.fences), int8Array(buf.ttls))
+func renewQuery(ctx context.Context, q dbx.Querier, buf *renewBuf) error {
+	rows, err := q.Query(ctx, sqlRenewBatch, buf.args()...)
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func renewWire(ctx context.Context, conn *pgx.Conn, t pgx.QueryTracer, buf *rene
 	if t != nil {
 		ctx = t.TraceQueryStart(ctx, conn, pgx.TraceQueryStartData{
 			SQL:  sqlRenewBatch,
-			Args: []any{textArray(buf.names), textArray(buf.owners), int8Array(buf.fences), int8Array(buf.ttls)},
+			Args: buf.args(),
 		})
 		defer func() { t.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{CommandTag: tag, Err: err}) }()
 	}
