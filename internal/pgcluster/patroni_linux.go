@@ -43,6 +43,7 @@ type Patroni struct {
 	haproxy *haproxy
 	nodes   []*PatroniNode
 	sync    bool
+	pgBin   string
 }
 
 // PatroniOption configures NewPatroni.
@@ -148,7 +149,7 @@ func NewPatroni(opts ...PatroniOption) (_ *Patroni, err error) {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgcluster: patroni directory: %w", err)
 	}
-	p := &Patroni{dir: dir, scope: "pgfence-" + filepath.Base(dir), sync: cfg.sync}
+	p := &Patroni{dir: dir, scope: "pgfence-" + filepath.Base(dir), sync: cfg.sync, pgBin: pgBin}
 	defer func() {
 		if err != nil {
 			_ = p.Close()
@@ -240,7 +241,7 @@ func (n *PatroniNode) writeConfig(p *Patroni, pgBin string, cfg patroniConfig) e
 		"postgresql": map[string]any{
 			"listen":          pg,
 			"connect_address": pg,
-			"data_dir":        filepath.Join(n.dir, "data"),
+			"data_dir":        n.DataDir(),
 			"bin_dir":         pgBin,
 			"pgpass":          filepath.Join(n.dir, "pgpass"),
 			"use_unix_socket": true,
@@ -283,6 +284,10 @@ func (n *PatroniNode) writeConfig(p *Patroni, pgBin string, cfg patroniConfig) e
 	}
 	return nil
 }
+
+// Tool is the path of one of the server's programs (pg_waldump, …), from
+// the installation the nodes run.
+func (p *Patroni) Tool(name string) string { return filepath.Join(p.pgBin, name) }
 
 // Nodes are the cluster's nodes, in a fixed order (node1, node2, …).
 func (p *Patroni) Nodes() []*PatroniNode { return p.nodes }
@@ -523,6 +528,9 @@ func (p *Patroni) Close() error {
 // Name is the node's Patroni name (node1, node2, …).
 func (n *PatroniNode) Name() string { return n.name }
 
+// DataDir is the node's PostgreSQL data directory.
+func (n *PatroniNode) DataDir() string { return filepath.Join(n.dir, "data") }
+
 func (n *PatroniNode) hostPort() string {
 	return net.JoinHostPort(n.host.addr, strconv.Itoa(patroniPGPort))
 }
@@ -583,7 +591,7 @@ func (n *PatroniNode) KillPostgres() error {
 
 // PostmasterPid reads the running postmaster's pid from postmaster.pid.
 func (n *PatroniNode) PostmasterPid() (int, error) {
-	b, err := os.ReadFile(filepath.Join(n.dir, "data", "postmaster.pid"))
+	b, err := os.ReadFile(filepath.Join(n.DataDir(), "postmaster.pid"))
 	if err != nil {
 		return 0, fmt.Errorf("pgcluster: %s: %w", n.name, err)
 	}
