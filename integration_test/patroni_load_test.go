@@ -54,6 +54,11 @@ type haLoad struct {
 	locks   []*lockRec
 	holders []*leases.Lease
 	linear  []*worker
+	// lost are commits to the register or the leases that the old primary
+	// made before the fault and the new one never received (lostCommits):
+	// asynchronous replication allows that, and then the linear history
+	// need not be linearizable.
+	lost []pgcluster.LostCommit
 }
 
 // grantRec is one successful grant: its lease, fence, and when the call
@@ -272,9 +277,68 @@ func (l *haLoad) checkLinear() {
 	start := time.Now()
 	res := porcupine.CheckOperationsTimeout(registerModel, history, time.Minute)
 	t.Logf("linearizability: %d operations (%s): porcupine says %s in %v", len(history), describeCounts(counts), res, time.Since(start).Round(time.Millisecond))
-	if res != porcupine.Ok {
+	switch {
+	case res == porcupine.Ok:
+	case len(l.lost) > 0:
+		t.Logf("NOT CHECKED: the history of grants and fenced writes across the fault is %s, and %d transactions that wrote the register or the leases committed on the old primary before the fault but never reached the new one (%+v): asynchronous replication loses such commits (docs/production.md, \"HA and failover\"), so their history need not be linearizable",
+			res, len(l.lost), l.lost)
+	default:
 		t.Errorf("the history of grants and fenced writes across the fault is %s, want Ok", res)
 	}
+}
+
+// saveWAL copies the newest WAL of node, a primary that has just been
+// killed or cut off, before Patroni rewinds it: lostCommits reads it.
+func saveWAL(t *testing.T, node *pgcluster.PatroniNode) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := pgcluster.SaveWAL(node.DataDir(), dir); err != nil {
+		t.Logf("cannot tell which commits the failover lost: %v", err)
+		return ""
+	}
+	return dir
+}
+
+// lostCommits are the transactions that wrote the register or the leases,
+// committed on the old primary before the fault (at before), and are
+// missing on the new primary next: WAL saved by saveWAL past the point
+// where next's timeline forked off. When it cannot tell, it says so and
+// returns none, so that the check stays strict.
+func lostCommits(t *testing.T, p *pgcluster.Patroni, next *pgcluster.PatroniNode, wal string, before time.Time) []pgcluster.LostCommit {
+	t.Helper()
+	if wal == "" {
+		return nil
+	}
+	ctx := ctxT(t, time.Minute)
+	url := next.URL("postgres")
+	tli, lsn, err := pgcluster.Fork(ctx, url)
+	if err != nil {
+		t.Logf("cannot tell which commits the failover lost: %v", err)
+		return nil
+	}
+	all, err := pgcluster.LostCommits(ctx, p.Tool("pg_waldump"), wal, tli, lsn)
+	if err != nil {
+		t.Logf("cannot tell which commits the failover lost: %v", err)
+		return nil
+	}
+	watched := map[string]bool{}
+	for _, rel := range []string{"reg", "pgfence.leases"} {
+		f, err := pgcluster.RelFile(ctx, url, rel)
+		if err != nil || f == "" {
+			t.Logf("cannot tell which commits the failover lost: the file of %s: %q, %v", rel, f, err)
+			return nil
+		}
+		watched[f] = true
+	}
+	var lost []pgcluster.LostCommit
+	for _, c := range all {
+		if c.At.Before(before) && slices.ContainsFunc(c.Rels, func(r string) bool { return watched[r] }) {
+			lost = append(lost, c)
+		}
+	}
+	t.Logf("the new primary's timeline forked off timeline %d at %s: %d transactions committed past it on the old primary, %d of them before the fault and to the register or the leases",
+		tli, lsn, len(all), len(lost))
+	return lost
 }
 
 // report is what a scenario measured around the fault at time fault.
