@@ -135,10 +135,12 @@ func LostCommits(ctx context.Context, waldump, dir string, tli uint32, lsn strin
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	// pg_waldump ends with an error where the WAL ends ("invalid record
-	// length", "record with incorrect prev-link"): that is the normal end
-	// here, after the records it printed. Any other failure is not.
-	if err != nil && !strings.Contains(stderr.String(), "error in WAL record at") {
+	// pg_waldump ends with an error where the WAL ends: "error in WAL
+	// record at" after the records it printed, "could not find a valid
+	// record after" the start when the WAL ends there — the usual case, where
+	// the new primary had received all of it. Any other failure is an error.
+	if err != nil && !strings.Contains(stderr.String(), "error in WAL record at") &&
+		!strings.Contains(stderr.String(), "could not find a valid record after "+lsn) {
 		return nil, fmt.Errorf("pgcluster: pg_waldump from %s on timeline %d: %w: %s", lsn, tli, err, strings.TrimSpace(stderr.String()))
 	}
 	return parseWALDump(string(out))
