@@ -23,34 +23,44 @@ import (
 // helpers tell a test which commits those were, so that it can assert
 // "nothing acknowledged was lost" only where nothing was.
 
-// savedSegments is how many of the newest WAL segments SaveWAL copies: the
-// fork lies within the last few kilobytes of the old primary's WAL, and a
+// savedSegments is how many WAL segment files SaveWAL copies: the fork
+// lies within the last few kilobytes of the old primary's WAL, and a
 // segment is 16 MB.
 const savedSegments = 3
 
-// SaveWAL copies the newest WAL segment files of the data directory
-// dataDir into dir, for LostCommits. Call it as soon as the old primary has
-// stopped: a rewind, when it rejoins, rewrites its WAL past the fork.
+// SaveWAL copies the most recently written WAL segment files of the data
+// directory dataDir into dir, for LostCommits. Call it as soon as the old
+// primary has stopped: a rewind, when it rejoins, rewrites its WAL past the
+// fork. The newest are found by modification time, not by name: a
+// checkpoint renames old segments to future names for reuse, and those
+// hold stale records.
 func SaveWAL(dataDir, dir string) error {
-	ents, err := os.ReadDir(filepath.Join(dataDir, "pg_wal"))
+	wal := filepath.Join(dataDir, "pg_wal")
+	ents, err := os.ReadDir(wal)
 	if err != nil {
 		return fmt.Errorf("pgcluster: save WAL: %w", err)
 	}
-	var segs []string
-	for _, e := range ents {
-		if walSegmentName.MatchString(e.Name()) && e.Type().IsRegular() {
-			segs = append(segs, e.Name())
-		}
+	type seg struct {
+		name string
+		mod  time.Time
 	}
-	slices.Sort(segs)
-	if len(segs) > savedSegments {
-		segs = segs[len(segs)-savedSegments:]
+	var segs []seg
+	for _, e := range ents {
+		if !walSegmentName.MatchString(e.Name()) || !e.Type().IsRegular() {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return fmt.Errorf("pgcluster: save WAL: %w", err)
+		}
+		segs = append(segs, seg{e.Name(), info.ModTime()})
 	}
 	if len(segs) == 0 {
-		return fmt.Errorf("pgcluster: save WAL: no segment in %s", filepath.Join(dataDir, "pg_wal"))
+		return fmt.Errorf("pgcluster: save WAL: no segment in %s", wal)
 	}
-	for _, s := range segs {
-		if err := copyFile(filepath.Join(dataDir, "pg_wal", s), filepath.Join(dir, s)); err != nil {
+	slices.SortFunc(segs, func(a, b seg) int { return b.mod.Compare(a.mod) })
+	for _, s := range segs[:min(len(segs), savedSegments)] {
+		if err := copyFile(filepath.Join(wal, s.name), filepath.Join(dir, s.name)); err != nil {
 			return fmt.Errorf("pgcluster: save WAL: %w", err)
 		}
 	}

@@ -2,6 +2,9 @@ package pgcluster
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -132,6 +135,10 @@ func testLostCommits(t *testing.T, freeze bool) {
 	if err := primary.Kill(); err != nil { // the frozen WAL sender too
 		t.Fatal(err)
 	}
+	// A checkpoint renames old segments to the names WAL will take next,
+	// for reuse: stale records under future names, written long ago.
+	// SaveWAL must not take them for the newest.
+	recycle(t, filepath.Join(primary.DataDir(), "pg_wal"), before.Add(-time.Hour))
 	dir := t.TempDir()
 	if err := SaveWAL(primary.DataDir(), dir); err != nil {
 		t.Fatal(err)
@@ -178,6 +185,44 @@ func testLostCommits(t *testing.T, freeze bool) {
 		t.Errorf("LostCommits = %+v, want transaction %s among them", lost, lostXID)
 	case !freeze && found:
 		t.Errorf("LostCommits reports transaction %s, which the standby replayed", lostXID)
+	}
+}
+
+// recycle does what a checkpoint does to a segment it keeps for reuse:
+// copies the oldest segment of pgWAL under the three names that follow the
+// newest, with modification time mod.
+func recycle(t *testing.T, pgWAL string, mod time.Time) {
+	t.Helper()
+	ents, err := os.ReadDir(pgWAL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var segs []string
+	for _, e := range ents {
+		if walSegmentName.MatchString(e.Name()) {
+			segs = append(segs, e.Name()) // ReadDir sorts by name
+		}
+	}
+	if len(segs) == 0 {
+		t.Fatalf("no WAL segment in %s", pgWAL)
+	}
+	old, err := os.ReadFile(filepath.Join(pgWAL, segs[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := segs[len(segs)-1]
+	n, err := strconv.ParseUint(last[16:], 16, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint64(3) {
+		f := filepath.Join(pgWAL, fmt.Sprintf("%s%08X", last[:16], n+1+i))
+		if err := os.WriteFile(f, old, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(f, mod, mod); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
