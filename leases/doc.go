@@ -178,8 +178,8 @@
 //     routine hand-over.
 //   - Lease lost at the local deadline: the client expires the grant it may
 //     still own, so that waiters need not wait for the margin to pass.
-//   - Missing schema: errors say "schema pgfence not found: run `pgfence
-//     migrate up`".
+//   - Missing or out-of-date schema: errors say "schema pgfence missing
+//     or out of date: run `pgfence migrate up`".
 //   - Close releases every held lease (one statement, bounded by
 //     WithReleaseTimeout, default 5s; a lease whose row an open transaction
 //     locks is waited for apart, so it holds up no other), makes

@@ -129,7 +129,7 @@ func TestMissingSchemaHint(t *testing.T) {
 	c := newClient(t, pool)
 	ctx := testContext(t)
 	_, err := c.TryAcquire(ctx, "x", time.Minute)
-	if err == nil || !strings.Contains(err.Error(), "schema pgfence not found: run `pgfence migrate up`") {
+	if err == nil || !strings.Contains(err.Error(), "schema pgfence missing or out of date: run `pgfence migrate up`") {
 		t.Fatalf("TryAcquire without schema = %v, want the migrate hint", err)
 	}
 	if !permanent(err) {
@@ -141,5 +141,28 @@ func TestMissingSchemaHint(t *testing.T) {
 	// Lead stops at once rather than campaigning forever.
 	if err := c.Lead(ctx, "x", time.Minute, func(context.Context, *Lease) error { return nil }); err == nil || !strings.Contains(err.Error(), "pgfence migrate up") {
 		t.Errorf("Lead without schema = %v, want the migrate hint", err)
+	}
+}
+
+// An out-of-date schema (here: one whose grant function a later migration
+// would add) fails with the same hint, and says it may be out of date
+// rather than absent: the operator has a schema pgfence.
+func TestOutOfDateSchemaHint(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t)
+	ctx := testContext(t)
+	const drop = `DO $$ DECLARE f regprocedure; BEGIN
+	  FOR f IN SELECT oid FROM pg_proc WHERE pronamespace = 'pgfence'::regnamespace AND proname = 'try_acquire' LOOP
+	    EXECUTE 'DROP FUNCTION ' || f;
+	  END LOOP; END $$`
+	if _, err := pool.Exec(ctx, drop); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.TryAcquire(ctx, "x", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "schema pgfence missing or out of date: run `pgfence migrate up`") {
+		t.Fatalf("TryAcquire on an out-of-date schema = %v, want the migrate hint", err)
+	}
+	if !permanent(err) {
+		t.Errorf("out-of-date schema is not treated as permanent: %v", err)
 	}
 }

@@ -26,7 +26,7 @@ const (
 // Hints, one per cause. They are advice, so they live here and in the
 // docs, never in sentinel errors.
 const (
-	HintNotMigrated = "schema pgfence not found: run `pgfence migrate up`"
+	HintNotMigrated = "schema pgfence missing or out of date: run `pgfence migrate up`"
 	HintPrivileges  = "the role lacks privileges on schema pgfence: GRANT pgfence_client (or pgfence_operator, for force-release, fence bump and check) TO it"
 	HintStandby     = "connected to a standby (read-only): use the primary, e.g. a multi-host connection string with target_session_attrs=read-write"
 	HintLockTimeout = "the session's lock_timeout ended the wait"
