@@ -87,7 +87,9 @@ func pauseHolder(t *testing.T, ctx context.Context, p *composeProject, pool *pgx
 	// has expired and been taken over. Unless the pause took hold inside
 	// the holder's fenced transaction, once its write had taken the fence
 	// lock: a takeover waits for that transaction to end (fencing/doc.go,
-	// "The fence lock"), and nothing here ends it.
+	// "The fence lock"), which the server does only after
+	// idle_in_transaction_session_timeout (5s, docker-compose.yml); the
+	// wait below sees the open transaction long before.
 	addr := strings.TrimSpace(p.dockerRun(ctx, "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", ctr))
 	var writer string
 	var inTx bool
