@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,14 +27,22 @@ const minPart = 3
 
 // Secrets returns what the password of connString could be: the password
 // as pgx parses it, the userinfo password of a URL up to the last '@' of
-// the string (raw and percent-decoded), the value after every password=
-// (quoted or not), and PGPASSWORD. Secrets shorter than 3 bytes are
-// left out.
+// the string (raw and percent-decoded), the value of every URL query key
+// that decodes to password or sslpassword, the value after every password=
+// (quoted or not), and PGPASSWORD; each also as Go quotes it (%q).
+// Secrets shorter than 3 bytes are left out.
 func Secrets(connString string) []string {
 	var out []string
 	add := func(s string) {
-		if len(s) >= minPart {
-			out = append(out, s)
+		if len(s) < minPart {
+			return
+		}
+		out = append(out, s)
+		// As Go quotes it (%q, %+q): net/url's errors quote the URL.
+		for _, q := range []string{strconv.Quote(s), strconv.QuoteToASCII(s)} {
+			if q = q[1 : len(q)-1]; q != s {
+				out = append(out, q)
+			}
 		}
 	}
 	if cfg, err := pgconn.ParseConfig(connString); err == nil {
@@ -49,6 +58,19 @@ func Secrets(connString string) []string {
 				}
 			}
 		}
+		// Query keys are percent-decoded by pgx: pass%77ord=.
+		if _, query, ok := strings.Cut(rest, "?"); ok {
+			query, _, _ = strings.Cut(query, "#")
+			for _, kv := range strings.Split(query, "&") {
+				k, v, ok := strings.Cut(kv, "=")
+				if dk, err := url.QueryUnescape(k); ok && err == nil && strings.HasSuffix(strings.ToLower(dk), "password") {
+					add(v)
+					if dec, err := url.QueryUnescape(v); err == nil {
+						add(dec)
+					}
+				}
+			}
+		}
 	}
 	for s := connString; ; {
 		i := strings.Index(strings.ToLower(s), "password=")
@@ -56,7 +78,9 @@ func Secrets(connString string) []string {
 			break
 		}
 		s = s[i+len("password="):]
-		add(valueOf(s))                             // keyword/value value
+		v, raw := valueOf(s) // keyword/value value, unescaped and as written
+		add(v)
+		add(raw)
 		if j := strings.IndexAny(s, "&#"); j >= 0 { // URL query value
 			add(s[:j])
 			if dec, err := url.QueryUnescape(s[:j]); err == nil {
@@ -82,13 +106,14 @@ var nextKeyword = regexp.MustCompile(`\s+[^\s=']+\s*=`)
 // valueOf reads a keyword/value value at the start of s: quoted with
 // backslash escapes, or up to the next keyword (not the next space: an
 // unquoted password with a space is meant whole, even though it does not
-// parse).
-func valueOf(s string) string {
+// parse). It returns the value and, for a quoted one, its text between the
+// quotes as written (escapes kept).
+func valueOf(s string) (value, raw string) {
 	if !strings.HasPrefix(s, "'") {
 		if loc := nextKeyword.FindStringIndex(s); loc != nil {
-			return strings.TrimSpace(s[:loc[0]])
+			return strings.TrimSpace(s[:loc[0]]), ""
 		}
-		return strings.TrimSpace(s)
+		return strings.TrimSpace(s), ""
 	}
 	var b strings.Builder
 	for i := 1; i < len(s); i++ {
@@ -97,12 +122,12 @@ func valueOf(s string) string {
 			i++
 			b.WriteByte(s[i])
 		case c == '\'':
-			return b.String()
+			return b.String(), s[1:i]
 		default:
 			b.WriteByte(c)
 		}
 	}
-	return b.String()
+	return b.String(), s[1:]
 }
 
 // String returns s with every piece of a secret at least 3 bytes long

@@ -40,7 +40,10 @@ func Cases(host, port, db string) []Case {
 		{"url unescaped slash", "postgres://localhost:8675/Vbq4Ty@" + hp + "/" + db + q, []string{"8675/Vbq4Ty"}},
 		{"url unescaped colon and hash", "postgres://pgfence_nobody:Tn:4#Pq8x@" + hp + "/" + db + q, []string{"Tn:4#Pq8x"}},
 		{"url query password", "postgres://pgfence_nobody@" + hp + "/" + db + q + "&password=Rw%20Lk9%27Zv", []string{"Rw%20Lk9%27Zv", "Rw Lk9'Zv"}},
+		// pgx percent-decodes query keys.
+		{"url encoded key", "postgres://pgfence_nobody@" + hp + "/" + db + q + "&pass%77ord=Yk%21Tw9", []string{"Yk%21Tw9", "Yk!Tw9"}},
 		{"kv quoted", kv + `password='Fh2 \\Jq\'Xz%41'`, []string{`Fh2 \Jq'Xz%41`, `Fh2 \\Jq\'Xz%41`}},
+		{"kv quoted quotes", kv + `password='Hv7\'Qm"Zp'`, []string{`Hv7'Qm"Zp`, `Hv7\'Qm"Zp`}},
 		{"kv unquoted", kv + `password=Wq8\Lp%zzVn`, []string{`Wq8\Lp%zzVn`}},
 		{"kv unquoted space", kv + `password=Kd4 Yv8Qm`, []string{"Kd4 Yv8Qm"}},
 		{"kv broken quote", kv + `password='Mv3 Tz9Qk`, []string{"Mv3 Tz9Qk"}},
