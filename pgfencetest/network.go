@@ -12,6 +12,8 @@ import (
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/pgfence/pgfence/internal/redact"
 )
 
 // Proxy forwards TCP from a loopback port to a PostgreSQL server, so that
@@ -49,7 +51,9 @@ func ProxyURL(t testing.TB, databaseURL string) (*Proxy, string) {
 	t.Helper()
 	u, err := url.Parse(databaseURL)
 	if err != nil || u.Host == "" {
-		t.Fatalf("pgfencetest: ProxyURL needs a postgres:// URL with a host, got %q (%v)", databaseURL, err)
+		secrets := redact.Secrets(databaseURL)
+		t.Fatalf("pgfencetest: ProxyURL needs a postgres:// URL with a host, got %q (%v)",
+			redact.String(databaseURL, secrets), redact.Error(err, secrets))
 	}
 	host := u.Host
 	if u.Port() == "" {

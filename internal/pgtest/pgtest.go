@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence/internal/pgcluster"
+	"github.com/pgfence/pgfence/internal/redact"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -373,7 +374,7 @@ func withDatabase(databaseURL, name string) (string, error) {
 	if strings.HasPrefix(databaseURL, "postgres://") || strings.HasPrefix(databaseURL, "postgresql://") {
 		u, err := url.Parse(databaseURL)
 		if err != nil {
-			return "", fmt.Errorf("parse %s: %w", EnvURL, err)
+			return "", redact.Error(fmt.Errorf("parse %s: %w", EnvURL, err), redact.Secrets(databaseURL))
 		}
 		u.Path = "/" + name
 		q := u.Query()
