@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/redact"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -120,7 +121,7 @@ func hostPort(t *testing.T, databaseURL string) string {
 	t.Helper()
 	u, err := url.Parse(databaseURL)
 	if err != nil {
-		t.Fatalf("parse %q: %v", databaseURL, err)
+		t.Fatalf("parse the database URL: %v", redact.Error(err, redact.Secrets(databaseURL)))
 	}
 	return u.Host
 }

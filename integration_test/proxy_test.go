@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/redact"
 )
 
 // proxy forwards TCP between a loopback listener and a PostgreSQL server,
@@ -84,7 +86,7 @@ func (p *proxy) URL(t *testing.T, databaseURL string) string {
 	t.Helper()
 	u, err := url.Parse(databaseURL)
 	if err != nil {
-		t.Fatalf("proxy: parse %q: %v", databaseURL, err)
+		t.Fatalf("proxy: parse the database URL: %v", redact.Error(err, redact.Secrets(databaseURL)))
 	}
 	u.Host = p.Addr()
 	return u.String()
