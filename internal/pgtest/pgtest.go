@@ -38,6 +38,10 @@ type server struct {
 	stop     func() error // nil when we did not start it
 }
 
+// hide redacts the password of the server's URL from err: pgx's own
+// redaction of a connection string it cannot parse is best effort.
+func (s *server) hide(err error) error { return redact.Error(err, redact.Secrets(s.adminURL)) }
+
 var (
 	srvOnce sync.Once
 	srv     *server
@@ -151,7 +155,7 @@ func serverFromURL() (*server, error) {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
-		return nil, fmt.Errorf("%s is set but unusable: %w", EnvURL, err)
+		return nil, redact.Error(fmt.Errorf("%s is set but unusable: %w", EnvURL, err), redact.Secrets(u))
 	}
 	_ = conn.Close(ctx)
 	return &server{adminURL: u, source: EnvURL}, nil
@@ -223,7 +227,7 @@ func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *p
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		t.Fatalf("pgtest: parse database URL: %v", err)
+		t.Fatalf("pgtest: parse database URL: %v", redact.Error(err, redact.Secrets(databaseURL)))
 	}
 	for _, o := range opts {
 		o(cfg)
@@ -232,11 +236,11 @@ func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *p
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("pgtest: open pool: %v", err)
+		t.Fatalf("pgtest: open pool: %v", redact.Error(err, redact.Secrets(databaseURL)))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		t.Fatalf("pgtest: ping: %v", err)
+		t.Fatalf("pgtest: ping: %v", redact.Error(err, redact.Secrets(databaseURL)))
 	}
 	t.Cleanup(func() {
 		defer pool.Close()
@@ -256,7 +260,7 @@ func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", s.source, err)
+		t.Fatalf("pgtest: connect to %s: %v", s.source, s.hide(err))
 	}
 	defer admin.Close(context.Background())
 	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tpl}.Sanitize() + opts
@@ -268,7 +272,7 @@ func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 		defer cancel()
 		admin, err := pgx.Connect(ctx, s.adminURL)
 		if err != nil {
-			t.Errorf("pgtest: connect to drop %s: %v", name, err)
+			t.Errorf("pgtest: connect to drop %s: %v", name, s.hide(err))
 			return
 		}
 		defer admin.Close(context.Background())
@@ -301,7 +305,7 @@ func template(s *server) (string, error) {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
-		return "", fmt.Errorf("connect to %s: %w", s.source, err)
+		return "", s.hide(fmt.Errorf("connect to %s: %w", s.source, err))
 	}
 	defer admin.Close(context.Background())
 	// Any constant works; this one spells "pgfence tpl".

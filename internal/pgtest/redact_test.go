@@ -28,3 +28,34 @@ func TestWithDatabaseHidesPassword(t *testing.T) {
 		t.Fatal("no URL of the table failed to parse: the test shows nothing")
 	}
 }
+
+// PoolFor fails on every connection string of the table (none reaches a
+// server), and says why without a piece of the password.
+func TestPoolForHidesPassword(t *testing.T) {
+	for _, c := range redacttest.Cases("127.0.0.1", "1", "nowhere") {
+		msg := redacttest.Fatal(t, func(tb testing.TB) { PoolFor(tb, c.DSN) })
+		if msg == "" {
+			t.Errorf("%s: PoolFor did not fail", c.Name)
+			continue
+		}
+		if leak := redacttest.Leak(msg, c.Passwords); leak != "" {
+			t.Errorf("%s: PoolFor says %q: leaks %q", c.Name, msg, leak)
+		}
+	}
+}
+
+// A PGFENCE_TEST_DATABASE_URL that does not work is reported without its
+// password: it is the first message a misconfigured CI shows.
+func TestServerFromURLHidesPassword(t *testing.T) {
+	for _, c := range redacttest.Cases("127.0.0.1", "1", "nowhere") {
+		t.Setenv(EnvURL, c.DSN)
+		_, err := serverFromURL()
+		if err == nil {
+			t.Errorf("%s: serverFromURL did not fail", c.Name)
+			continue
+		}
+		if leak := redacttest.Leak(err.Error(), c.Passwords); leak != "" {
+			t.Errorf("%s: %q leaks %q", c.Name, err, leak)
+		}
+	}
+}

@@ -6,7 +6,9 @@
 package redacttest
 
 import (
+	"fmt"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -77,4 +79,29 @@ func Leak(text string, passwords []string) string {
 		}
 	}
 	return ""
+}
+
+// Fatal runs f with a testing.TB that is t but for Fatalf, which records
+// the message and ends f's goroutine, as testing.T's does, without failing
+// t. It returns the message, or "" if f did not call Fatalf: for helpers
+// that report a bad connection string through t.
+func Fatal(t testing.TB, f func(testing.TB)) string {
+	tb := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(tb)
+	}()
+	<-done
+	return tb.msg
+}
+
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }
