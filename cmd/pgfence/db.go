@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -47,6 +48,23 @@ func connSecrets(root *cobra.Command) []string {
 		out = append(out, redact.Secrets(f.Value.String())...)
 	}
 	return append(out, redact.Secrets(os.Getenv("DATABASE_URL"))...)
+}
+
+// redactWriter writes to w with the connection string's password redacted
+// (secrets, read at each write: the flags are parsed by then). The
+// command's messages on stderr go through it, those printed while it runs
+// as well as its final error; a command that `pgfence run` starts writes
+// to the process's stderr itself.
+type redactWriter struct {
+	w       io.Writer
+	secrets func() []string
+}
+
+func (r *redactWriter) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(r.w, redact.String(string(p), r.secrets())); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // configured reports whether the operator pointed pgfence at a database at

@@ -6,8 +6,6 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
-
-	"github.com/pgfence/pgfence/internal/redact"
 )
 
 const rootLong = `pgfence is the operator's tool for pgfence, mutual exclusion on PostgreSQL:
@@ -46,10 +44,10 @@ func execute(args []string) int {
 		ee = &exitError{code: exitUsage, err: err}
 	}
 	if ee.err != nil {
-		fmt.Fprintf(os.Stderr, "pgfence: %v\n", redact.Error(ee.err, connSecrets(root)))
+		fmt.Fprintf(root.ErrOrStderr(), "pgfence: %v\n", ee.err)
 	}
 	if ee.code == exitUsage && cmd != nil {
-		fmt.Fprintf(os.Stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+		fmt.Fprintf(root.ErrOrStderr(), "Run '%s --help' for usage.\n", cmd.CommandPath())
 	}
 	return ee.code
 }
@@ -73,6 +71,7 @@ func newRootCmd() *cobra.Command {
 		RunE: action(func(cmd *cobra.Command, _ []string) error { return cmd.Help() }),
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetErr(&redactWriter{w: os.Stderr, secrets: func() []string { return connSecrets(root) }})
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "",
 		"PostgreSQL connection string (default: $DATABASE_URL, else libpq PG* variables)")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
