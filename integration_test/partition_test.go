@@ -121,7 +121,7 @@ func hostPort(t *testing.T, databaseURL string) string {
 	t.Helper()
 	u, err := url.Parse(databaseURL)
 	if err != nil {
-		t.Fatalf("parse the database URL: %v", redact.Error(err, redact.Secrets(databaseURL)))
+		t.Fatalf("parse the database URL: %v", redact.ErrorFor(err, databaseURL))
 	}
 	return u.Host
 }

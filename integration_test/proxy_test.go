@@ -86,7 +86,7 @@ func (p *proxy) URL(t *testing.T, databaseURL string) string {
 	t.Helper()
 	u, err := url.Parse(databaseURL)
 	if err != nil {
-		t.Fatalf("proxy: parse the database URL: %v", redact.Error(err, redact.Secrets(databaseURL)))
+		t.Fatalf("proxy: parse the database URL: %v", redact.ErrorFor(err, databaseURL))
 	}
 	u.Host = p.Addr()
 	return u.String()

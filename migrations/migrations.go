@@ -253,7 +253,7 @@ type bookkeeping struct {
 // echo a piece of a malformed string), and every other error's text is
 // redacted of what the password could be.
 func withConn(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {
-	return redact.Error(connect(ctx, databaseURL, fn), redact.Secrets(databaseURL))
+	return redact.ErrorFor(connect(ctx, databaseURL, fn), databaseURL)
 }
 
 func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {

@@ -38,10 +38,6 @@ type server struct {
 	stop     func() error // nil when we did not start it
 }
 
-// hide redacts the password of the server's URL from err: pgx's own
-// redaction of a connection string it cannot parse is best effort.
-func (s *server) hide(err error) error { return redact.Error(err, redact.Secrets(s.adminURL)) }
-
 var (
 	srvOnce sync.Once
 	srv     *server
@@ -155,7 +151,7 @@ func serverFromURL() (*server, error) {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("%s is set but unusable: %w", EnvURL, err), redact.Secrets(u))
+		return nil, redact.ErrorFor(fmt.Errorf("%s is set but unusable: %w", EnvURL, err), u)
 	}
 	_ = conn.Close(ctx)
 	return &server{adminURL: u, source: EnvURL}, nil
@@ -227,7 +223,7 @@ func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *p
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		t.Fatalf("pgtest: parse database URL: %v", redact.Error(err, redact.Secrets(databaseURL)))
+		t.Fatalf("pgtest: parse database URL: %v", redact.ErrorFor(err, databaseURL))
 	}
 	for _, o := range opts {
 		o(cfg)
@@ -236,11 +232,11 @@ func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *p
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("pgtest: open pool: %v", redact.Error(err, redact.Secrets(databaseURL)))
+		t.Fatalf("pgtest: open pool: %v", redact.ErrorFor(err, databaseURL))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		t.Fatalf("pgtest: ping: %v", redact.Error(err, redact.Secrets(databaseURL)))
+		t.Fatalf("pgtest: ping: %v", redact.ErrorFor(err, databaseURL))
 	}
 	t.Cleanup(func() {
 		defer pool.Close()
@@ -260,7 +256,7 @@ func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
-		t.Fatalf("pgtest: connect to %s: %v", s.source, s.hide(err))
+		t.Fatalf("pgtest: connect to %s: %v", s.source, redact.ErrorFor(err, s.adminURL))
 	}
 	defer admin.Close(context.Background())
 	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tpl}.Sanitize() + opts
@@ -272,7 +268,7 @@ func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 		defer cancel()
 		admin, err := pgx.Connect(ctx, s.adminURL)
 		if err != nil {
-			t.Errorf("pgtest: connect to drop %s: %v", name, s.hide(err))
+			t.Errorf("pgtest: connect to drop %s: %v", name, redact.ErrorFor(err, s.adminURL))
 			return
 		}
 		defer admin.Close(context.Background())
@@ -305,7 +301,7 @@ func template(s *server) (string, error) {
 	defer cancel()
 	admin, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
-		return "", s.hide(fmt.Errorf("connect to %s: %w", s.source, err))
+		return "", redact.ErrorFor(fmt.Errorf("connect to %s: %w", s.source, err), s.adminURL)
 	}
 	defer admin.Close(context.Background())
 	// Any constant works; this one spells "pgfence tpl".
@@ -378,7 +374,7 @@ func withDatabase(databaseURL, name string) (string, error) {
 	if strings.HasPrefix(databaseURL, "postgres://") || strings.HasPrefix(databaseURL, "postgresql://") {
 		u, err := url.Parse(databaseURL)
 		if err != nil {
-			return "", redact.Error(fmt.Errorf("parse %s: %w", EnvURL, err), redact.Secrets(databaseURL))
+			return "", redact.ErrorFor(fmt.Errorf("parse %s: %w", EnvURL, err), databaseURL)
 		}
 		u.Path = "/" + name
 		q := u.Query()

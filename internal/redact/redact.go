@@ -180,6 +180,12 @@ func Error(err error, secrets []string) error {
 	return err
 }
 
+// ErrorFor is Error with the secrets of connString: for an error about
+// the one connection string it came from.
+func ErrorFor(err error, connString string) error {
+	return Error(err, Secrets(connString))
+}
+
 type redacted struct {
 	msg string
 	err error
