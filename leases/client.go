@@ -263,7 +263,10 @@ func (c *Client) List(ctx context.Context) ([]Info, error) {
 // whichever is sooner; then it returns a *BlockedError (matching
 // ErrBlocked) naming the backends in the way. Ending them (for example
 // with pg_terminate_backend, as `pgfence leases release --force
-// --terminate` does) and calling again succeeds.
+// --terminate` does) and calling again succeeds. A fenced write in a
+// prepared transaction (PREPARE TRANSACTION) holds the fence lock with no
+// backend at all, until COMMIT PREPARED or ROLLBACK PREPARED; the
+// BlockedError names those too.
 func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if err := validateName(name); err != nil {
 		return err
@@ -288,11 +291,11 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		defer own.renewMu.Unlock()
 	}
 	sctx, span := c.tr.Start(ctx, spanForceRelease, name, 0)
-	live, blockers, err := c.forceRelease(sctx, name, timeout)
+	live, blocked, err := c.forceRelease(sctx, name, timeout)
 	span.End(0, err)
 	switch {
 	case err != nil && isLockTimeout(err):
-		return &BlockedError{Name: name, Blockers: blockers}
+		return blocked
 	case err != nil:
 		return dbError(fmt.Sprintf("force-release %q", name), err)
 	case live == nil || !*live:
@@ -309,8 +312,8 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 
 // forceRelease runs the force-release on a connection of its own while it
 // watches, from another, which backends block it, so that a timeout can
-// name them.
-func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Duration) (*bool, []Backend, error) {
+// name them (and the prepared transactions, which no backend holds).
+func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Duration) (*bool, *BlockedError, error) {
 	var (
 		q   dbx.Querier
 		pid uint32
@@ -359,15 +362,38 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 	err := q.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
 	stop()
 	wg.Wait()
-	if err != nil && isLockTimeout(err) && len(blockers) == 0 {
+	if err == nil || !isLockTimeout(err) {
+		return live, nil, err
+	}
+	blocked := &BlockedError{Name: name, Blockers: blockers}
+	if len(blockers) == 0 {
 		// The watcher saw no blocker in time (on a loaded machine its
 		// connection can take longer than a short timeout): the fence
 		// lock's holders are still there to name, on this connection.
 		if bs, ferr := queryBackends(ctx, q, sqlFenceHolders, name, int64(pid)); ferr == nil {
-			blockers = bs
+			blocked.Blockers = bs
 		}
 	}
-	return live, blockers, err
+	// pg_blocking_pids reports a prepared transaction as pid 0, which no
+	// backend has: look for them by the lock itself.
+	if ps, perr := queryPrepared(ctx, q, name); perr == nil {
+		blocked.Prepared = ps
+	}
+	return live, blocked, err
+}
+
+// queryPrepared describes, on q, the prepared transactions that hold the
+// fence lock of lease name.
+func queryPrepared(ctx context.Context, q dbx.Querier, name string) ([]PreparedTransaction, error) {
+	rows, err := q.Query(ctx, sqlFencePrepared, name)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (PreparedTransaction, error) {
+		var p PreparedTransaction
+		err := row.Scan(&p.GID, &p.Owner, &p.Prepared)
+		return p, err
+	})
 }
 
 // blockers describes the backends that block backend pid.

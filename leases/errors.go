@@ -54,8 +54,9 @@ var (
 
 // ErrBlocked is returned by ForceRelease when the lease stayed locked — its
 // fence lock, or under REPEATABLE READ or SERIALIZABLE its row, held by a
-// holder's open fenced transaction, typically a frozen one — past its
-// timeout. The error is a *BlockedError naming the backends in the way.
+// holder's open fenced transaction, typically a frozen one, or a prepared
+// one — past its timeout. The error is a *BlockedError naming what is in
+// the way.
 var ErrBlocked = errors.New("leases: force-release blocked")
 
 // Backend describes a PostgreSQL backend (a session), as pg_stat_activity
@@ -67,6 +68,16 @@ type Backend struct {
 	Since       time.Time // start of its current transaction; zero if not visible
 }
 
+// PreparedTransaction describes a prepared transaction (two-phase commit's
+// PREPARE TRANSACTION), as pg_prepared_xacts shows it. It belongs to no
+// backend: it survives its session and a server restart, and only COMMIT
+// PREPARED or ROLLBACK PREPARED with its GID ends it.
+type PreparedTransaction struct {
+	GID      string    // its global transaction identifier
+	Owner    string    // the role that prepared it
+	Prepared time.Time // when it was prepared
+}
+
 // BlockedError is ForceRelease's error when the lease stayed locked past
 // the timeout. It matches ErrBlocked with errors.Is.
 type BlockedError struct {
@@ -74,18 +85,25 @@ type BlockedError struct {
 	// Blockers are the backends that held the lock, as last seen while
 	// waiting; empty if none could be seen in time.
 	Blockers []Backend
+	// Prepared are the prepared transactions that held the lease's fence
+	// lock when the wait ended: a fenced write prepared and never
+	// committed or rolled back. Ending a backend does not end them.
+	Prepared []PreparedTransaction
 }
 
 // Error names the lease and the blocking backends.
 func (e *BlockedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "leases: force-release %q: lease locked", e.Name)
-	for i, k := range e.Blockers {
+	sep := func(i int) {
 		if i == 0 {
 			b.WriteString(" by")
 		} else {
 			b.WriteString(",")
 		}
+	}
+	for i, k := range e.Blockers {
+		sep(i)
 		fmt.Fprintf(&b, " pid %d", k.PID)
 		if k.Application != "" {
 			fmt.Fprintf(&b, " (%s)", k.Application)
@@ -96,6 +114,10 @@ func (e *BlockedError) Error() string {
 		if !k.Since.IsZero() {
 			fmt.Fprintf(&b, " in a transaction since %s", k.Since.UTC().Format(time.RFC3339))
 		}
+	}
+	for i, p := range e.Prepared {
+		sep(len(e.Blockers) + i)
+		fmt.Fprintf(&b, " prepared transaction %q (owner %s, prepared %s)", p.GID, p.Owner, p.Prepared.UTC().Format(time.RFC3339))
 	}
 	return b.String()
 }

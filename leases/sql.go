@@ -77,15 +77,30 @@ const (
  ORDER BY a.pid`
 
 	// sqlFenceHolders describes the backends other than $2 that hold the
-	// fence lock of lease $1 in this database (see pgfence.token_fence;
-	// keyed by hashtext(lease) from migration 9): the holders a
-	// force-release waits for, still visible after its wait timed out.
+	// fence lock of lease $1: the holders a force-release waits for, still
+	// visible after its wait timed out.
 	sqlFenceHolders = sqlBackends + ` WHERE a.pid <> $2
-   AND a.pid IN (SELECT k.pid FROM pg_locks AS k
-                  WHERE k.locktype = 'advisory' AND k.granted
-                    AND k.classid = 1885824614 AND k.objid = pg_catalog.hashtext($1)::oid AND k.objsubid = 2
-                    AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))
+   AND a.pid IN (SELECT k.pid FROM pg_locks AS k WHERE ` + fenceLockHeld + `)
  ORDER BY a.pid`
+
+	// sqlFencePrepared describes the prepared transactions that hold the
+	// fence lock of lease $1 in this database. A prepared transaction's
+	// locks have no pid; they share a virtual transaction with its
+	// transaction id's lock, which pg_prepared_xacts names.
+	sqlFencePrepared = `SELECT p.gid, p.owner, p.prepared
+  FROM pg_prepared_xacts AS p
+ WHERE p.database = current_database()
+   AND EXISTS (SELECT FROM pg_locks AS x JOIN pg_locks AS k ON k.virtualtransaction = x.virtualtransaction
+                WHERE x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL
+                  AND k.pid IS NULL AND ` + fenceLockHeld + `)
+ ORDER BY p.prepared, p.gid`
+
+	// fenceLockHeld matches the pg_locks rows k of the fence lock of lease
+	// $1 in this database, held (see pgfence.token_fence; keyed by
+	// hashtext(lease) from migration 9).
+	fenceLockHeld = `k.locktype = 'advisory' AND k.granted
+                  AND k.classid = 1885824614 AND k.objid = pg_catalog.hashtext($1)::oid AND k.objsubid = 2
+                  AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())`
 
 	// sqlGet reads a lease's live grant, with the time to its expiry.
 	sqlGet = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata,
