@@ -75,7 +75,10 @@ lease locked, and the release waits at most --timeout for it, then fails
 naming the blocking backends (pid, application, client address, since when).
 With --terminate it ends those backends (pg_terminate_backend: the role
 needs pg_signal_backend, which pgfence_operator has when the migration could
-grant it) and tries once more; their open transactions roll back.`,
+grant it) and tries once more; their open transactions roll back. A fenced
+write in a prepared transaction (two-phase commit) holds the lease with no
+backend; the error names it by its GID, and only COMMIT PREPARED or
+ROLLBACK PREPARED ends it.`,
 		Args: argsUsage(cobra.ExactArgs(1)),
 		RunE: action(func(cmd *cobra.Command, args []string) error {
 			name := args[0]
@@ -109,8 +112,8 @@ grant it) and tries once more; their open transactions roll back.`,
 					if errors.Is(err, leases.ErrNotHeld) {
 						return fmt.Errorf("lease %q is not held (no such lease, or it has already expired): nothing to release; see 'pgfence leases ls'", name)
 					}
-					if errors.Is(err, leases.ErrBlocked) && !terminate {
-						return fmt.Errorf("%w (add --terminate to end them)", err)
+					if errors.As(err, &blocked) {
+						return blockedAdvice(err, blocked, terminate)
 					}
 					return err
 				}
@@ -198,6 +201,22 @@ func withLeases(ctx context.Context, g *globals, app string, opts []leases.Optio
 	}
 	defer lc.Close()
 	return fn(ctx, lc, now)
+}
+
+// blockedAdvice adds to a release's *leases.BlockedError what the operator
+// can do about what blocks it.
+func blockedAdvice(err error, b *leases.BlockedError, terminated bool) error {
+	const prepared = "a prepared transaction has no backend to terminate: COMMIT PREPARED or ROLLBACK PREPARED it, whichever its two-phase commit coordinator decided"
+	switch {
+	case len(b.Prepared) == 0 && terminated:
+		return err
+	case len(b.Prepared) == 0:
+		return fmt.Errorf("%w (add --terminate to end them)", err)
+	case len(b.Blockers) > 0 && !terminated:
+		return fmt.Errorf("%w (add --terminate to end the backends; %s)", err, prepared)
+	default:
+		return fmt.Errorf("%w (%s)", err, prepared)
+	}
 }
 
 // terminateBackends ends the given backends and waits until they are gone.
