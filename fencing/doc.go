@@ -78,7 +78,10 @@
 // its writes commit before anyone else is granted the lease, or are
 // rejected. A frozen holder's open transaction holds the next grant back
 // until it ends: leases.Client.ForceRelease names it and
-// `pgfence leases release --force --terminate` ends it.
+// `pgfence leases release --force --terminate` ends it. A prepared
+// transaction (two-phase commit) holds it until COMMIT PREPARED or
+// ROLLBACK PREPARED, with no session to end; ForceRelease names it by its
+// GID.
 //
 // # Errors
 //

@@ -210,6 +210,11 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 // ErrHeld) naming the holder. ctx bounds the statement only. Bad input
 // returns an error naming the setting and writes nothing. opts configure
 // the grant (WithData); the HeldError's Holder carries the holder's data.
+//
+// Taking over a grant that has expired waits for its holder's open fenced
+// transactions to end (the fence lock, in package fencing: their writes
+// commit before the new grant, or never), however long ctx allows. Keep
+// fenced transactions short.
 func (c *Client) TryAcquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	return c.take(ctx, name, ttl, opts, true, func(ctx context.Context, ac acquireConfig) (*Lease, error) {
 		l, holder, _, err := c.grant(ctx, name, ttl, ac)
