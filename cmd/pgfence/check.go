@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -31,16 +33,25 @@ Reported:
     for longer than --max-wait (pg_locks.waitstart, PostgreSQL 14+; on older
     servers lock waits cannot be judged and none are reported), with the
     session (pid, application_name, client address) and the pids holding
-    the key.
+    the key;
+  - lease takeovers (and force-releases) that have waited longer than
+    --max-wait for an expired holder's open fenced transaction, with the
+    lease, the waiting session, the pids holding the lease's fence lock and
+    the prepared transactions (two-phase commit) holding it, which no
+    backend does: only COMMIT PREPARED or ROLLBACK PREPARED ends those.
 
 Output: one line "OK: ..." and exit 0, or a line "CRITICAL: N leases held
 longer than D, M advisory locks waited on longer than D" followed by a table
 of the findings, and exit 4. --json prints one object instead:
   {"ok": bool, "max_hold_seconds": n, "max_wait_seconds": n,
-   "leases": [...], "lock_waits": [...]}
+   "leases": [...], "lock_waits": [...], "unguarded": [...],
+   "blocked_takeovers": [...]}
 where each lease is an object as in 'pgfence leases ls --json', and each lock
 wait has key (a decimal string), mode, pid, application_name, client_addr,
-state, waitstart, waited_seconds, backend_start and held_by (holders' pids).
+state, waitstart, waited_seconds, backend_start and held_by (holders' pids);
+each unguarded table has table, protected_parent and missing_triggers; each
+blocked takeover has lease, pid, application_name, client_addr, waitstart,
+waited_seconds, held_by (pids) and prepared (GIDs).
 
 Exit codes: 0 nothing found, 4 findings, 2 bad flags (nothing is queried),
 69 database unreachable, 1 any other error (e.g. schema not migrated).`
@@ -52,7 +63,7 @@ func newCheckCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "check --max-hold D [--max-wait D] [--json]",
-		Short: "Alert on leases held or advisory locks waited on longer than D (exit 4)",
+		Short: "Alert on leases held, advisory locks or lease takeovers waited on longer than D (exit 4)",
 		Long:  checkLong,
 		Args:  argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
@@ -94,7 +105,7 @@ func newCheckCmd(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.DurationVar(&maxHold, "max-hold", 0, "report unexpired leases held longer than this (required; e.g. 1h)")
-	f.DurationVar(&maxWait, "max-wait", 0, "report advisory locks waited on longer than this (default: --max-hold)")
+	f.DurationVar(&maxWait, "max-wait", 0, "report advisory locks and lease takeovers waited on longer than this (default: --max-hold)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
 	return cmd
 }
@@ -118,6 +129,24 @@ type checkReport struct {
 	// children) that lack one of the guard's triggers: added after
 	// pgfence.protect ran. Running it again fixes them.
 	Unguarded []unguardedTable `json:"unguarded"`
+	// BlockedTakeovers are sessions that have waited longer than
+	// --max-wait for a lease's fence lock.
+	BlockedTakeovers []blockedTakeover `json:"blocked_takeovers"`
+}
+
+// blockedTakeover is a session that has waited longer than --max-wait for
+// a lease's fence lock: a takeover or force-release held back by an expired
+// holder's open fenced transaction (a frozen backend, or a prepared
+// transaction, which only COMMIT or ROLLBACK PREPARED ends).
+type blockedTakeover struct {
+	Lease           string    `json:"lease"` // "" if no lease row has the lock's hash
+	PID             int32     `json:"pid"`
+	ApplicationName string    `json:"application_name"`
+	ClientAddr      string    `json:"client_addr"`
+	WaitStart       time.Time `json:"waitstart"`
+	WaitedSeconds   float64   `json:"waited_seconds"`
+	HeldBy          []int32   `json:"held_by"`  // backends holding the lock
+	Prepared        []string  `json:"prepared"` // GIDs of prepared transactions holding it
 }
 
 // unguardedTable is a row of pgfence.unguarded().
@@ -153,6 +182,15 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 		LockWaits:      []longWait{},
 		Unguarded:      []unguardedTable{},
 	}
+	brows, err := pool.Query(ctx, sqlBlockedTakeovers, maxWait)
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list blocked lease takeovers: %w", err))
+	}
+	rep.BlockedTakeovers, err = pgx.CollectRows(brows, pgx.RowToStructByPos[blockedTakeover])
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list blocked lease takeovers: %w", err))
+	}
+
 	rows, err := pool.Query(ctx, sqlLongLeases, maxHold)
 	if err != nil {
 		return nil, schemaHint(fmt.Errorf("list long-held leases: %w", err))
@@ -185,7 +223,7 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 		return nil, schemaHint(fmt.Errorf("list unguarded tables: %w", err))
 	}
 	rep.Unguarded = append(rep.Unguarded, tables...)
-	rep.OK = len(rep.Leases) == 0 && len(rep.LockWaits) == 0 && len(rep.Unguarded) == 0
+	rep.OK = len(rep.Leases) == 0 && len(rep.LockWaits) == 0 && len(rep.Unguarded) == 0 && len(rep.BlockedTakeovers) == 0
 	return rep, nil
 }
 
@@ -230,9 +268,25 @@ func printCheck(cmd *cobra.Command, rep *checkReport, maxHold, maxWait time.Dura
 	if len(rep.Unguarded) > 0 {
 		unguarded = ", " + plural(len(rep.Unguarded), "table", "tables") + " below a protected table unguarded (run pgfence.protect on the parent again)"
 	}
-	fmt.Fprintf(w, "CRITICAL: %s held longer than %s, %s waited on longer than %s%s\n",
+	blocked := ""
+	if len(rep.BlockedTakeovers) > 0 {
+		blocked = ", " + plural(len(rep.BlockedTakeovers), "lease takeover", "lease takeovers") + " waiting longer than " + maxWait.String() + " for the former holder's fenced transactions"
+	}
+	fmt.Fprintf(w, "CRITICAL: %s held longer than %s, %s waited on longer than %s%s%s\n",
 		plural(len(rep.Leases), "lease", "leases"), maxHold,
-		plural(len(rep.LockWaits), "advisory lock", "advisory locks"), maxWait, unguarded)
+		plural(len(rep.LockWaits), "advisory lock", "advisory locks"), maxWait, blocked, unguarded)
+	if len(rep.BlockedTakeovers) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BLOCKED LEASE\tWAITED\tPID\tAPPLICATION\tCLIENT\tHELD BY\tPREPARED")
+		for _, b := range rep.BlockedTakeovers {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", orDash(b.Lease), human(seconds(b.WaitedSeconds)), b.PID,
+				orDash(b.ApplicationName), clientOrLocal(b.ClientAddr), orDash(joinPIDs(b.HeldBy)), orDash(quotedList(b.Prepared)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if len(rep.Unguarded) > 0 {
 		fmt.Fprintln(w)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -255,23 +309,39 @@ func printCheck(cmd *cobra.Command, rep *checkReport, maxHold, maxWait time.Dura
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "LOCK KEY\tMODE\tWAITED\tPID\tAPPLICATION\tCLIENT\tHELD BY")
 		for _, l := range rep.LockWaits {
-			client := l.ClientAddr
-			if client == "" {
-				client = "local"
-			}
-			heldBy := ""
-			for i, pid := range l.HeldBy {
-				if i > 0 {
-					heldBy += ","
-				}
-				heldBy += fmt.Sprint(pid)
-			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", l.Key, l.Mode, human(seconds(l.WaitedSeconds)),
-				l.PID, orDash(l.ApplicationName), client, orDash(heldBy))
+				l.PID, orDash(l.ApplicationName), clientOrLocal(l.ClientAddr), orDash(joinPIDs(l.HeldBy)))
 		}
 		return tw.Flush()
 	}
 	return nil
+}
+
+// clientOrLocal is a client address, or "local" for a Unix socket.
+func clientOrLocal(addr string) string {
+	if addr == "" {
+		return "local"
+	}
+	return addr
+}
+
+// joinPIDs is "1,2,3".
+func joinPIDs(pids []int32) string {
+	s := make([]string, len(pids))
+	for i, p := range pids {
+		s[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(s, ",")
+}
+
+// quotedList is each string Go-quoted, comma-separated: GIDs are anyone's
+// text.
+func quotedList(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return strings.Join(q, ",")
 }
 
 func plural(n int, one, many string) string {

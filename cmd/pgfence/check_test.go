@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/pglock"
@@ -21,8 +24,10 @@ func checkJSON(t *testing.T, url string, args ...string) (checkReport, int) {
 		t.Fatalf("check --json %v (exit %d) did not print a JSON object: %v\n%s", args, r.code, err, r.stdout)
 	}
 	// Empty findings are [], never null, so that consumers can iterate.
-	if !strings.Contains(r.stdout, `"leases": [`) || !strings.Contains(r.stdout, `"lock_waits": [`) {
-		t.Errorf("check --json: leases or lock_waits is not an array:\n%s", r.stdout)
+	for _, k := range []string{"leases", "lock_waits", "unguarded", "blocked_takeovers"} {
+		if !strings.Contains(r.stdout, `"`+k+`": [`) {
+			t.Errorf("check --json: %s is not an array:\n%s", k, r.stdout)
+		}
 	}
 	return rep, r.code
 }
@@ -300,5 +305,109 @@ func TestCheckUnguarded(t *testing.T) {
 	}
 	if r := db(t, url, "check", "--max-hold", "1h"); r.code != exitOK {
 		t.Fatalf("check after protect again: exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
+// A lease takeover held back by an expired holder's open fenced
+// transaction is reported once it has waited longer than --max-wait: one
+// behind a frozen backend (named by pid), one behind a prepared transaction
+// (named by GID: no pid shows it). Before, neither was reported: the
+// takeover waits on a two-key advisory lock, which lock_waits leaves out.
+func TestCheckBlockedTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := preparedCluster(t)
+	conn := func(app string) *pgx.Conn {
+		t.Helper()
+		cfg, err := pgx.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RuntimeParams["application_name"] = app
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(ctx) })
+		return c
+	}
+	exec := func(c *pgx.Conn, sql ...string) {
+		t.Helper()
+		for _, q := range sql {
+			if _, err := c.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+	}
+	admin := conn("admin")
+	exec(admin, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0)`, `SELECT pgfence.protect('work')`)
+	// Each holder writes under a 2s grant and stays in its transaction; one
+	// prepares it.
+	holders := map[string]*pgx.Conn{"frozen": conn("frozen-holder"), "prepared": conn("coordinator")}
+	for i, name := range []string{"frozen", "prepared"} {
+		h := holders[name]
+		var fence int64
+		if err := h.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire($1, 'holder', 2000000) WHERE granted`, name).Scan(&fence); err != nil {
+			t.Fatal(err)
+		}
+		exec(h, `BEGIN`, `SELECT pgfence.declare_token('`+name+`', `+strconv.FormatInt(fence, 10)+`)`,
+			`INSERT INTO work VALUES (`+strconv.Itoa(i)+`)`)
+	}
+	exec(holders["prepared"], `PREPARE TRANSACTION 'xa-9'`)
+	pgtest.WaitFor(t, 30*time.Second, "both grants to expire", func() bool {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases WHERE expires_at <= clock_timestamp()`).Scan(&n)
+		return err == nil && n == 2
+	})
+	granted := make(chan error, 2)
+	for _, name := range []string{"frozen", "prepared"} {
+		taker := conn("taker-" + name)
+		go func() {
+			var ok bool
+			err := taker.QueryRow(ctx, `SELECT granted FROM pgfence.try_acquire($1, 'taker', 60000000)`, name).Scan(&ok)
+			if err == nil && !ok {
+				err = errors.New("not granted")
+			}
+			granted <- err
+		}()
+	}
+	pgtest.WaitFor(t, 30*time.Second, "both takeovers to wait for the fence lock", func() bool {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824614 AND NOT granted
+   AND waitstart < clock_timestamp() - interval '50 ms'`).Scan(&n)
+		return err == nil && n == 2
+	})
+
+	rep, code := checkJSON(t, url, "--max-hold", "1h", "--max-wait", "10ms")
+	if code != exitFindings || rep.OK || len(rep.BlockedTakeovers) != 2 {
+		t.Fatalf("check: exit %d, %+v; want 4 and two blocked takeovers", code, rep)
+	}
+	frozenPID := int32(holders["frozen"].PgConn().PID())
+	for _, b := range rep.BlockedTakeovers {
+		switch {
+		case b.Lease == "frozen" && b.ApplicationName == "taker-frozen" && len(b.HeldBy) == 1 && b.HeldBy[0] == frozenPID && len(b.Prepared) == 0:
+		case b.Lease == "prepared" && b.ApplicationName == "taker-prepared" && len(b.HeldBy) == 0 && len(b.Prepared) == 1 && b.Prepared[0] == "xa-9":
+		default:
+			t.Errorf("blocked takeover %+v: want lease frozen held by pid %d, or lease prepared held by prepared transaction xa-9", b, frozenPID)
+		}
+		if b.WaitedSeconds < 0.01 || b.WaitStart.IsZero() {
+			t.Errorf("blocked takeover %+v: waited less than --max-wait", b)
+		}
+	}
+	if rep, _ := checkJSON(t, url, "--max-hold", "1h", "--max-wait", "1h"); len(rep.BlockedTakeovers) != 0 {
+		t.Errorf("check --max-wait 1h: %+v, want no blocked takeover", rep.BlockedTakeovers)
+	}
+	r := db(t, url, "check", "--max-hold", "1h", "--max-wait", "10ms")
+	if r.code != exitFindings || !strings.Contains(r.stdout, "2 lease takeovers waiting longer than 10ms") || !strings.Contains(r.stdout, `"xa-9"`) {
+		t.Errorf("check (text): exit %d, stdout %q; want 4, the two takeovers and xa-9", r.code, r.stdout)
+	}
+
+	// Ended, the transactions let the takeovers through.
+	exec(holders["frozen"], `ROLLBACK`)
+	exec(admin, `ROLLBACK PREPARED 'xa-9'`)
+	for range 2 {
+		if err := <-granted; err != nil {
+			t.Errorf("takeover after the holder's transaction ended: %v", err)
+		}
 	}
 }

@@ -77,11 +77,7 @@ func TestForceReleaseFrozenHolder(t *testing.T) {
 func TestForceReleasePreparedTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.StartCluster(t, pgtest.WithSetting("max_prepared_transactions", "2"))
-	url := c.URL("postgres")
-	if err := migrations.Up(ctx, url); err != nil {
-		t.Fatal(err)
-	}
+	url := preparedCluster(t)
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -118,4 +114,17 @@ func TestForceReleasePreparedTransaction(t *testing.T) {
 	if r := db(t, url, "leases", "release", "--force", "--timeout", "300ms", "stuck"); r.code != exitOK {
 		t.Fatalf("release --force after ROLLBACK PREPARED: exit %d, stderr %q", r.code, r.stderr)
 	}
+}
+
+// preparedCluster returns the URL of a migrated database on a throwaway
+// cluster of t's own that allows prepared transactions
+// (max_prepared_transactions is 0 by default, and a server setting).
+func preparedCluster(t *testing.T) string {
+	t.Helper()
+	c := pgtest.StartCluster(t, pgtest.WithSetting("max_prepared_transactions", "2"))
+	url := c.URL("postgres")
+	if err := migrations.Up(context.Background(), url); err != nil {
+		t.Fatal(err)
+	}
+	return url
 }

@@ -50,6 +50,35 @@ SELECT name, owner, fence, acquired_at, renewed_at, expires_at, expired,
    AND held_for > $1
  ORDER BY held_for DESC, name`
 
+// sqlBlockedTakeovers lists the sessions in this database that have
+// waited longer than $1 for a lease's fence lock (1885824614,
+// hashtext(lease); see pgfence.token_fence): takeovers and force-releases
+// held back by an expired holder's open fenced transaction. Each row names
+// the lease (the names of pgfence.lease_status with that hash), the
+// backends holding the lock, and the prepared transactions holding it,
+// which have no backend.
+const sqlBlockedTakeovers = `
+SELECT coalesce((SELECT string_agg(s.name, ', ' ORDER BY s.name) FROM pgfence.lease_status AS s
+                  WHERE pg_catalog.hashtext(s.name)::oid = w.objid), '') AS lease,
+       w.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''), w.waitstart,
+       extract(epoch FROM clock_timestamp() - w.waitstart)::float8 AS waited_seconds,
+       coalesce((SELECT array_agg(k.pid ORDER BY k.pid) FROM pg_locks AS k
+                  WHERE k.pid IS NOT NULL AND ` + fenceLockOf + `), '{}') AS held_by,
+       coalesce((SELECT array_agg(p.gid ORDER BY p.prepared, p.gid) FROM pg_prepared_xacts AS p
+                  WHERE EXISTS (SELECT FROM pg_locks AS x JOIN pg_locks AS k ON k.virtualtransaction = x.virtualtransaction
+                                 WHERE x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL
+                                   AND k.pid IS NULL AND ` + fenceLockOf + `)), '{}') AS prepared
+  FROM pg_locks AS w
+  LEFT JOIN pg_stat_activity AS a ON a.pid = w.pid
+ WHERE w.locktype = 'advisory' AND NOT w.granted AND w.classid = 1885824614 AND w.objsubid = 2
+   AND w.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+   AND w.waitstart < clock_timestamp() - $1::interval
+ ORDER BY w.waitstart, w.pid`
+
+// fenceLockOf matches the pg_locks rows k that hold the lock w waits for.
+const fenceLockOf = `k.locktype = 'advisory' AND k.granted AND k.classid = w.classid AND k.objid = w.objid
+                                   AND k.objsubid = w.objsubid AND k.database = w.database`
+
 // sqlTerminate ends the backends $1 (bigint[]) and waits up to 5s for each
 // to exit; it returns how many it ended.
 const sqlTerminate = `SELECT count(*) FILTER (WHERE pg_terminate_backend(p::int, 5000)) FROM unnest($1::bigint[]) AS p`
