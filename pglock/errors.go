@@ -138,8 +138,12 @@ func (e *HeldError) Error() string {
 func (e *HeldError) Is(target error) bool { return target == ErrLocked }
 
 // session describes who holds or awaits a lock, for messages:
-// pid 4242 (application "billing", client 10.0.0.7, idle since 12:00:01Z).
+// pid 4242 (application "billing", client 10.0.0.7, idle since 12:00:01Z),
+// or prepared transaction "xa-1" (prepared 12:00:01Z).
 func (i Info) session() string {
+	if i.GID != "" {
+		return fmt.Sprintf("prepared transaction %q (prepared %s)", i.GID, i.Prepared.UTC().Format(time.RFC3339))
+	}
 	client := i.ClientAddr
 	if client == "" {
 		client = "local"

@@ -11,9 +11,9 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-// Info describes one session holding or awaiting an advisory lock, as
-// pg_locks and pg_stat_activity show it. Times are the database server's
-// clock.
+// Info describes one session holding or awaiting an advisory lock, or a
+// prepared transaction holding one, as pg_locks, pg_stat_activity and
+// pg_prepared_xacts show it. Times are the database server's clock.
 //
 // PostgreSQL records neither the name of a lock (only its key: Key cannot
 // be reversed) nor when it was granted. What bounds a holder's age:
@@ -37,6 +37,13 @@ type Info struct {
 	StateChange  time.Time // its last state change; zero if not visible
 	WaitStart    time.Time // a waiter's wait start (PostgreSQL 14+); zero for holders
 	ReadAt       time.Time // when the row was read: ages are ReadAt minus the times above
+
+	// A prepared transaction (PREPARE TRANSACTION) holds its transaction
+	// locks with no session: PID 0, GID naming it and Prepared when it was
+	// prepared. Only COMMIT PREPARED or ROLLBACK PREPARED releases them;
+	// ending a session does not.
+	GID      string
+	Prepared time.Time
 }
 
 // infoJSON is Info as sqlLockRows' columns, for the rows a failed try
@@ -53,6 +60,8 @@ type infoJSON struct {
 	StateChange     *time.Time `json:"state_change"`
 	WaitStart       *time.Time `json:"wait_start"`
 	ReadAt          time.Time  `json:"read_at"`
+	GID             string     `json:"gid"`
+	Prepared        *time.Time `json:"prepared"`
 }
 
 func (j infoJSON) info() Info {
@@ -61,6 +70,7 @@ func (j infoJSON) info() Info {
 		ApplicationName: j.ApplicationName, ClientAddr: j.ClientAddr, State: j.State,
 		BackendStart: orZero(j.BackendStart), StateChange: orZero(j.StateChange),
 		WaitStart: orZero(j.WaitStart), ReadAt: j.ReadAt,
+		GID: j.GID, Prepared: orZero(j.Prepared),
 	}
 }
 
@@ -84,8 +94,9 @@ func decodeHolders(raw []byte) []Info {
 	return out
 }
 
-// List returns every session holding or awaiting an advisory lock in the
-// pool's database (single-bigint keys, as pglock takes them), ordered by
+// List returns every session holding or awaiting an advisory lock, and
+// every prepared transaction holding one, in the pool's database
+// (single-bigint keys, as pglock takes them), ordered by
 // key, holders before waiters, waiters by wait start. Sessions of any
 // client count, not only this Locker's. ctx bounds the one query. It
 // needs no pgfence schema and no privilege beyond connecting; without
@@ -121,10 +132,11 @@ func (l *Locker) list(ctx context.Context, op string, key *int64) ([]Info, error
 	}
 	infos, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Info, error) {
 		var i Info
-		var backendStart, stateChange, waitStart *time.Time
+		var backendStart, stateChange, waitStart, prepared *time.Time
 		err := row.Scan(&i.Key, &i.Shared, &i.Granted, &i.PID, &i.ApplicationName, &i.ClientAddr, &i.State,
-			&backendStart, &stateChange, &waitStart, &i.ReadAt)
+			&backendStart, &stateChange, &waitStart, &i.ReadAt, &i.GID, &prepared)
 		i.BackendStart, i.StateChange, i.WaitStart = orZero(backendStart), orZero(stateChange), orZero(waitStart)
+		i.Prepared = orZero(prepared)
 		return i, err
 	})
 	if err != nil {

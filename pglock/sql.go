@@ -80,23 +80,32 @@ HAVING count(*) > 0`
 // session holding or awaiting one, with that session from
 // pg_stat_activity. Keys taken with the single-bigint form (objsubid = 1)
 // are reassembled from classid (high 32 bits) and objid (low 32 bits); the
-// two-int4 form (objsubid = 2) is not pglock's and is left out.
+// two-int4 form (objsubid = 2) is not pglock's and is left out. A prepared
+// transaction's lock has no pid (0 here): its GID comes from
+// pg_prepared_xacts, through the transaction id lock of the same virtual
+// transaction.
 // pg_locks.waitstart exists from PostgreSQL 14 on; read through to_jsonb,
 // it is NULL before.
 const sqlLockRows = `
 SELECT (l.classid::bigint << 32) | l.objid::bigint               AS key,
        l.mode = 'ShareLock'                                       AS shared,
        l.granted,
-       l.pid,
+       coalesce(l.pid, 0)                                         AS pid,
        coalesce(a.application_name, '')                           AS application_name,
        coalesce(host(a.client_addr), '')                          AS client_addr,
        coalesce(a.state, '')                                      AS state,
        a.backend_start,
        a.state_change,
        CASE WHEN NOT l.granted THEN (to_jsonb(l) ->> 'waitstart')::timestamptz END AS wait_start,
-       clock_timestamp()                                          AS read_at
+       clock_timestamp()                                          AS read_at,
+       coalesce(p.gid, '')                                        AS gid,
+       p.prepared
   FROM pg_locks AS l
   LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+  LEFT JOIN LATERAL (SELECT t.gid, t.prepared
+                       FROM pg_locks AS x JOIN pg_prepared_xacts AS t ON t.transaction = x.transactionid
+                      WHERE l.pid IS NULL AND x.pid IS NULL AND x.locktype = 'transactionid'
+                        AND x.virtualtransaction = l.virtualtransaction) AS p ON true
  WHERE l.locktype = 'advisory'
    AND l.objsubid = 1
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
@@ -105,7 +114,7 @@ SELECT (l.classid::bigint << 32) | l.objid::bigint               AS key,
 // holders first, then waiters by wait start.
 const sqlList = `
 SELECT key, shared, granted, pid, application_name, client_addr, state,
-       backend_start, state_change, wait_start, read_at
+       backend_start, state_change, wait_start, read_at, gid, prepared
   FROM (` + sqlLockRows + `) AS r
  WHERE $1::bigint IS NULL OR key = $1
  ORDER BY key, granted DESC, wait_start NULLS LAST, pid`
