@@ -48,7 +48,8 @@ of the findings, and exit 4. --json prints one object instead:
    "blocked_takeovers": [...]}
 where each lease is an object as in 'pgfence leases ls --json', and each lock
 wait has key (a decimal string), mode, pid, application_name, client_addr,
-state, waitstart, waited_seconds, backend_start and held_by (holders' pids);
+state, waitstart, waited_seconds, backend_start, held_by (holders' pids) and
+prepared (the GIDs of prepared transactions holding the key);
 each unguarded table has table, protected_parent and missing_triggers; each
 blocked takeover has lease, pid, application_name, client_addr, waitstart,
 waited_seconds, held_by (pids) and prepared (GIDs).
@@ -168,8 +169,10 @@ type longWait struct {
 	WaitStart       time.Time  `json:"waitstart"`
 	WaitedSeconds   float64    `json:"waited_seconds"`
 	BackendStart    *time.Time `json:"backend_start"`
-	// HeldBy are the pids holding the key when the check ran.
-	HeldBy []int32 `json:"held_by"`
+	// HeldBy are the pids holding the key when the check ran, Prepared the
+	// GIDs of prepared transactions holding it (they have no pid).
+	HeldBy   []int32  `json:"held_by"`
+	Prepared []string `json:"prepared"`
 }
 
 // runCheck queries the leases and the lock waits. It reads only; ctx
@@ -233,8 +236,12 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 // moment after the wait began) are not judged.
 func longWaits(locks []lockRow, maxWait time.Duration) []longWait {
 	holders := map[int64][]int32{}
+	prepared := map[int64][]string{}
 	for _, r := range locks {
-		if r.Granted {
+		switch {
+		case r.Granted && r.GID != "":
+			prepared[r.Key] = append(prepared[r.Key], r.GID)
+		case r.Granted:
 			holders[r.Key] = append(holders[r.Key], r.PID)
 		}
 	}
@@ -243,15 +250,11 @@ func longWaits(locks []lockRow, maxWait time.Duration) []longWait {
 		if r.Granted || r.Since == nil || r.SinceSeconds == nil || *r.SinceSeconds <= maxWait.Seconds() {
 			continue
 		}
-		heldBy := holders[r.Key]
-		if heldBy == nil {
-			heldBy = []int32{}
-		}
 		out = append(out, longWait{
 			Key: r.Key, Mode: r.Mode, PID: r.PID,
 			ApplicationName: r.ApplicationName, ClientAddr: r.ClientAddr, State: r.State,
 			WaitStart: *r.Since, WaitedSeconds: *r.SinceSeconds, BackendStart: r.BackendStart,
-			HeldBy: heldBy,
+			HeldBy: append([]int32{}, holders[r.Key]...), Prepared: append([]string{}, prepared[r.Key]...),
 		})
 	}
 	return out
@@ -307,10 +310,10 @@ func printCheck(cmd *cobra.Command, rep *checkReport, maxHold, maxWait time.Dura
 	if len(rep.LockWaits) > 0 {
 		fmt.Fprintln(w)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "LOCK KEY\tMODE\tWAITED\tPID\tAPPLICATION\tCLIENT\tHELD BY")
+		fmt.Fprintln(tw, "LOCK KEY\tMODE\tWAITED\tPID\tAPPLICATION\tCLIENT\tHELD BY\tPREPARED")
 		for _, l := range rep.LockWaits {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", l.Key, l.Mode, human(seconds(l.WaitedSeconds)),
-				l.PID, orDash(l.ApplicationName), clientOrLocal(l.ClientAddr), orDash(joinPIDs(l.HeldBy)))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", l.Key, l.Mode, human(seconds(l.WaitedSeconds)),
+				l.PID, orDash(l.ApplicationName), clientOrLocal(l.ClientAddr), orDash(joinPIDs(l.HeldBy)), orDash(quotedList(l.Prepared)))
 		}
 		return tw.Flush()
 	}

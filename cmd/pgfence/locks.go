@@ -42,7 +42,10 @@ at least that long (pglock's liveness probe resets it about every second);
 --json adds backend_start, when the session began: the lock is no older. Locks taken with the two-int4 form are not listed.
 
 To break a lock, end its session: SELECT pg_terminate_backend(PID);
-a pglock holder notices within about a second (Lock.Done).`,
+a pglock holder notices within about a second (Lock.Done). A prepared
+transaction (two-phase commit) holds its transaction-level locks with no
+session (pid 0; --json's gid names it, SINCE is when it was prepared): only
+COMMIT PREPARED or ROLLBACK PREPARED with its GID releases them.`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -100,6 +103,9 @@ type lockRow struct {
 	State           string     `json:"state"`       // pg_stat_activity.state
 	// BackendStart is when the session started: the lock is no older.
 	BackendStart *time.Time `json:"backend_start"`
+	// GID names the prepared transaction holding the lock (pid 0, no
+	// session; since is when it was prepared); "" for a session.
+	GID string `json:"gid"`
 }
 
 // newLockRow renders a pglock.Info for `locks ls`: SINCE is the wait start
@@ -109,14 +115,18 @@ func newLockRow(i pglock.Info) lockRow {
 	r := lockRow{
 		Key: i.Key, Mode: "ExclusiveLock", Granted: i.Granted, PID: i.PID,
 		ApplicationName: i.ApplicationName, ClientAddr: i.ClientAddr, State: i.State,
-		BackendStart: timeOrNil(i.BackendStart),
+		BackendStart: timeOrNil(i.BackendStart), GID: i.GID,
 	}
 	if i.Shared {
 		r.Mode = "ShareLock"
 	}
-	r.Since, r.SinceSource = timeOrNil(i.WaitStart), "waitstart"
-	if i.Granted {
+	switch {
+	case i.GID != "":
+		r.Since, r.SinceSource = timeOrNil(i.Prepared), "prepared"
+	case i.Granted:
 		r.Since, r.SinceSource = timeOrNil(i.StateChange), "state_change"
+	default:
+		r.Since, r.SinceSource = timeOrNil(i.WaitStart), "waitstart"
 	}
 	if r.Since != nil {
 		s := i.ReadAt.Sub(*r.Since).Seconds()
@@ -166,11 +176,11 @@ func printLocks(cmd *cobra.Command, locks []lockRow) error {
 		if r.SinceSeconds != nil {
 			since = human(time.Duration(*r.SinceSeconds*float64(time.Second))) + " (" + r.SinceSource + ")"
 		}
-		client := r.ClientAddr
-		if client == "" {
-			client = "local"
+		pid, app, client := strconv.Itoa(int(r.PID)), orDash(r.ApplicationName), clientOrLocal(r.ClientAddr)
+		if r.GID != "" {
+			pid, app, client = "-", "prepared transaction "+strconv.Quote(r.GID), "-"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Key, r.Mode, state, since, r.PID, orDash(r.ApplicationName), client)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, r.Mode, state, since, pid, app, client)
 	}
 	return tw.Flush()
 }

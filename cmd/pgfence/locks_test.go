@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -60,5 +62,69 @@ func TestRunLockInterruptedLeavesNoWaiter(t *testing.T) {
 	_ = holder.stdin.Close()
 	if code := holder.wait(); code != 0 {
 		t.Errorf("holder: exit %d", code)
+	}
+}
+
+// A prepared transaction holding an advisory lock has no session (no pid in
+// pg_locks). `locks ls` shows it by its GID and `check` names it as what a
+// waiter waits for; before, both failed on the NULL pid, so one forgotten
+// prepared transaction anywhere in the database broke the monitor.
+func TestLocksPreparedTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := preparedCluster(t)
+	pool := pgtest.PoolFor(t, url)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`SELECT pg_advisory_xact_lock(pgfence.lock_key('nightly'))`, `PREPARE TRANSACTION 'xa-lock'`} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil { // the prepared transaction is on its own now
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, `SELECT pg_advisory_xact_lock(pgfence.lock_key('nightly'))`)
+		waited <- err
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the waiter to queue behind the prepared transaction", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+   AND waitstart < clock_timestamp() - interval '50 ms'`).Scan(&n)
+		return err == nil && n == 1
+	})
+
+	if r := db(t, url, "locks", "ls"); r.code != exitOK || !strings.Contains(r.stdout, `prepared transaction "xa-lock"`) {
+		t.Errorf("locks ls: exit %d, stdout %q, stderr %q; want 0 and the prepared transaction", r.code, r.stdout, r.stderr)
+	}
+	r := db(t, url, "locks", "ls", "--json")
+	var rows []lockRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+		t.Fatalf("locks ls --json (exit %d): %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	var found bool
+	for _, row := range rows {
+		if row.GID == "xa-lock" {
+			found = row.Granted && row.PID == 0 && row.SinceSource == "prepared" && row.Since != nil
+		}
+	}
+	if !found {
+		t.Errorf("locks ls --json: %+v, want xa-lock granted, pid 0, since when prepared", rows)
+	}
+	rep, code := checkJSON(t, url, "--max-hold", "1h", "--max-wait", "10ms")
+	if code != exitFindings || len(rep.LockWaits) != 1 || len(rep.LockWaits[0].HeldBy) != 0 ||
+		len(rep.LockWaits[0].Prepared) != 1 || rep.LockWaits[0].Prepared[0] != "xa-lock" {
+		t.Errorf("check: exit %d, lock waits %+v; want 4 and one wait held by prepared transaction xa-lock", code, rep.LockWaits)
+	}
+
+	if _, err := pool.Exec(ctx, `ROLLBACK PREPARED 'xa-lock'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Errorf("the waiter after ROLLBACK PREPARED: %v", err)
 	}
 }
