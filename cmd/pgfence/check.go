@@ -283,7 +283,7 @@ func printCheck(cmd *cobra.Command, rep *checkReport, maxHold, maxWait time.Dura
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "BLOCKED LEASE\tWAITED\tPID\tAPPLICATION\tCLIENT\tHELD BY\tPREPARED")
 		for _, b := range rep.BlockedTakeovers {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", orDash(b.Lease), human(seconds(b.WaitedSeconds)), b.PID,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", orDash(display(b.Lease)), human(seconds(b.WaitedSeconds)), b.PID,
 				orDash(b.ApplicationName), clientOrLocal(b.ClientAddr), orDash(joinPIDs(b.HeldBy)), orDash(quotedList(b.Prepared)))
 		}
 		if err := tw.Flush(); err != nil {
@@ -295,7 +295,7 @@ func printCheck(cmd *cobra.Command, rep *checkReport, maxHold, maxWait time.Dura
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "UNGUARDED TABLE	PROTECTED PARENT	MISSING")
 		for _, u := range rep.Unguarded {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", u.Table, u.Parent, u.Missing)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", display(u.Table), display(u.Parent), u.Missing)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

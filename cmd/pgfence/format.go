@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // human renders d rounded for reading: 950ms, 12s, 4m05s, 3h02m, 2d04h.
@@ -45,4 +48,23 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// display returns s for an operator's terminal: as it is when every
+// character prints, and Go-quoted otherwise (or when it begins with a
+// quote, so that the two forms cannot be confused). Lease names, owners and
+// data are any client's text; a newline, a tab or an escape sequence in one
+// would forge a row of a table or drive the terminal. --json output needs
+// no such care: JSON escapes them.
+func display(s string) string {
+	if strings.HasPrefix(s, `"`) || !printable(s) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// printable reports whether every character of s prints (a space being
+// the only blank).
+func printable(s string) bool {
+	return strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || r == unicode.ReplacementChar }) < 0
 }

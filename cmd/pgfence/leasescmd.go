@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -118,7 +119,7 @@ ROLLBACK PREPARED ends it.`,
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "released lease %q (was held by %s, fence %d); its holder's next renewal fails and the next grant gets a higher fence\n",
-					name, orDash(before.Owner), before.Fence)
+					name, orDash(display(before.Owner)), before.Fence)
 				return nil
 			})
 		}),
@@ -165,12 +166,12 @@ The role needs pgfence_operator.`,
 				now, err := lc.Get(ctx, name)
 				next := "nobody yet"
 				if err == nil {
-					next = fmt.Sprintf("%s (fence %d)", now.Owner, now.Fence)
+					next = fmt.Sprintf("%s (fence %d)", display(now.Owner), now.Fence)
 				} else if !errors.Is(err, leases.ErrNotHeld) {
 					return fmt.Errorf("read lease %q: %w", name, err)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "handed over lease %q: %s (fence %d) stepped down; now held by %s\n",
-					name, asked.Owner, asked.Fence, next)
+					name, display(asked.Owner), asked.Fence, next)
 				return nil
 			})
 		}),
@@ -293,9 +294,12 @@ func printLeases(cmd *cobra.Command, rows []leaseRow) error {
 		}
 		data := "-"
 		if r.Data != nil {
-			data = string(r.Data)
+			data = string(r.Data) // JSON: a leading quote is its own
+			if !printable(data) {
+				data = strconv.Quote(data)
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", r.Name, r.Owner, r.Fence, expires, held, data)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", display(r.Name), display(r.Owner), r.Fence, expires, held, data)
 	}
 	return tw.Flush()
 }

@@ -170,3 +170,73 @@ func TestLocksLsAndKey(t *testing.T) {
 		t.Errorf("after both runs, locks ls shows:\n%s", r.stdout)
 	}
 }
+
+// A role that may take leases (pgfence_client, or plain SQL) chooses lease
+// names, owners and data: 1..200 bytes of UTF-8, control characters
+// included. Printed as they were, a newline and tabs forged a row of
+// `leases ls` ("prod/leader held by node-7") and an escape sequence hid
+// the real one or retitled the operator's terminal. Every text output that
+// shows them quotes such a value instead; JSON escapes it anyway.
+func TestHostileNamesCannotForgeOutput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	const (
+		name  = "billing\nprod/leader\tnode-7\t1\tin 59s\t1s\t-\x1b[8m"
+		owner = "pod-x\x1b]0;pwned\a"
+		data  = `{"addr": "10.0.0.7` + "\u202e" + `"}` // a right-to-left override: valid JSON, unescaped by jsonb
+	)
+	if _, err := pool.Exec(ctx, `SELECT pgfence.try_acquire($1, $2, 600000000, $3)`, name, owner, data); err != nil {
+		t.Fatal(err)
+	}
+	clean := func(what, out string) {
+		t.Helper()
+		for _, r := range out {
+			if r != '\n' && !printable(string(r)) {
+				t.Errorf("%s printed %q (in %q)", what, r, out)
+				return
+			}
+		}
+		if strings.Contains(out, "\nprod/leader") {
+			t.Errorf("%s printed a forged line: %q", what, out)
+		}
+	}
+	r := db(t, url, "leases", "ls")
+	clean("leases ls", r.stdout)
+	if r.code != exitOK || !strings.Contains(r.stdout, strconv.Quote(name)) || !strings.Contains(r.stdout, strconv.Quote(owner)) {
+		t.Errorf("leases ls: exit %d, stdout %q; want the name and owner quoted", r.code, r.stdout)
+	}
+	r = db(t, url, "check", "--max-hold", "1us")
+	clean("check", r.stdout)
+	r = db(t, url, "run", "--lease", name, "--ttl", "30s", "--no-wait", "--", "true")
+	clean("run --no-wait (stderr)", r.stderr)
+	if r.code != exitHeld || !strings.Contains(r.stderr, strconv.Quote(owner)) {
+		t.Errorf("run --no-wait: exit %d, stderr %q; want %d naming the quoted owner", r.code, r.stderr, exitHeld)
+	}
+	r = db(t, url, "leases", "release", "--force", name)
+	clean("leases release --force", r.stdout+r.stderr)
+	if r.code != exitOK {
+		t.Errorf("leases release --force: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestDisplay(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"billing/nightly-report": "billing/nightly-report",
+		"café report":            "café report",
+		"":                       "",
+		"a\nb":                   `"a\nb"`,
+		"a\tb":                   `"a\tb"`,
+		"\x1b[2J":                `"\x1b[2J"`,
+		"x\u202ey":               `"x\u202ey"`,
+		"a\u00a0b":               `"a\u00a0b"`, // a no-break space looks like a space
+		`"quoted"`:               `"\"quoted\""`,
+		"bad \xff byte":          `"bad \xff byte"`,
+	} {
+		if got := display(in); got != want {
+			t.Errorf("display(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -95,7 +95,11 @@ func cli(t *testing.T, env []string, args ...string) result {
 	if ctx.Err() != nil {
 		t.Fatalf("pgfence %v did not finish within %s; stderr:\n%s", args, cliTimeout, r.stderr)
 	}
-	t.Logf("pgfence %s => %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	shown := make([]string, len(args)) // a test's hostile names stay out of the log as they are
+	for i, a := range args {
+		shown[i] = display(a)
+	}
+	t.Logf("pgfence %s => %d\nstdout:\n%s\nstderr:\n%s", strings.Join(shown, " "), r.code, r.stdout, r.stderr)
 	return r
 }
 

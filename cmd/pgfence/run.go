@@ -313,7 +313,7 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 		var he *leases.HeldError
 		if errors.As(err, &he) {
 			return nil, &exitError{code: exitHeld, err: fmt.Errorf("lease %q is held by %s (fence %d, expires in %s)",
-				o.lease, he.Holder.Owner, he.Holder.Fence, expiresIn(ctx, pool, he.Holder.ExpiresAt))}
+				o.lease, display(he.Holder.Owner), he.Holder.Fence, expiresIn(ctx, pool, he.Holder.ExpiresAt))}
 		}
 		return nil, fmt.Errorf("acquire lease %q: %w", o.lease, err)
 	}
