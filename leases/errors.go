@@ -91,7 +91,7 @@ type BlockedError struct {
 	Prepared []PreparedTransaction
 }
 
-// Error names the lease and the blocking backends.
+// Error names the lease and what blocks it: backends, prepared transactions.
 func (e *BlockedError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "leases: force-release %q: lease locked", e.Name)
