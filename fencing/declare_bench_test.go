@@ -13,12 +13,13 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// pipelinedTx runs fn in a transaction whose BEGIN and declaration are
-// sent in one round trip, the declaration as a prepared statement
-// (extended protocol, pgx's statement cache): a candidate for Begin that
-// would need a pgx.Tx of pgfence's own. A sketch: no error mapping, and a
-// ROLLBACK without a timeout.
-func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn func(c *pgx.Conn) error) error {
+// pipelinedTx runs fn in a transaction whose BEGIN and declaration (decl,
+// with the token's lease and fence as $1 and $2) are sent in one round
+// trip, the declaration as a prepared statement (extended protocol, pgx's
+// statement cache): a candidate for Begin that would need a pgx.Tx of
+// pgfence's own. A sketch: no error mapping, and a ROLLBACK without a
+// timeout.
+func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, decl string, tok fencing.Token, fn func(c *pgx.Conn) error) error {
 	c, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -26,7 +27,7 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 	defer c.Release()
 	var b pgx.Batch
 	b.Queue("BEGIN")
-	b.Queue("SELECT pgfence.declare_token($1, $2)", tok.Lease, tok.Fence)
+	b.Queue(decl, tok.Lease, tok.Fence)
 	if err := c.SendBatch(ctx, &b).Close(); err != nil {
 		return err
 	}
@@ -49,6 +50,7 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 //     every transaction.
 //   - pipe: BEGIN and a prepared SELECT declaration in one pipelined round
 //     trip (pipelinedTx), which would need a pgx.Tx of pgfence's own.
+//   - pipecall: the same with a prepared "CALL pgfence.declare($1, $2)".
 //   - declare: InTx's declaration on an unprotected table, no guard: what
 //     fencing would cost if the guard cost nothing.
 //
@@ -59,7 +61,7 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, tok fencing.Token, fn 
 //	for i in $(seq 10); do /tmp/fencing.test -test.run '^$' -test.bench DeclareCandidates -test.benchtime 4000x; done
 func BenchmarkDeclareCandidates(b *testing.B) {
 	const rows = 800
-	kinds := []string{"plain", "fenced", "select", "pipe", "declare"}
+	kinds := []string{"plain", "fenced", "select", "pipe", "pipecall", "declare"}
 	pool := setup(b)
 	for _, kind := range kinds {
 		mustExec(b, pool, `CREATE TABLE s_`+kind+` (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`)
@@ -98,8 +100,12 @@ func BenchmarkDeclareCandidates(b *testing.B) {
 				_, err := tx.Exec(bg, update, id)
 				return err
 			})
-		case "pipe":
-			return pipelinedTx(bg, pool, tok, func(c *pgx.Conn) error {
+		case "pipe", "pipecall":
+			decl := `SELECT pgfence.declare_token($1, $2)`
+			if kind == "pipecall" {
+				decl = `CALL pgfence.declare($1, $2)`
+			}
+			return pipelinedTx(bg, pool, decl, tok, func(c *pgx.Conn) error {
 				_, err := c.Exec(bg, update, id)
 				return err
 			})
