@@ -117,7 +117,7 @@ func (e *BlockedError) Error() string {
 	}
 	for i, p := range e.Prepared {
 		sep(len(e.Blockers) + i)
-		fmt.Fprintf(&b, " prepared transaction %q (owner %s, prepared %s)", p.GID, p.Owner, p.Prepared.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, " prepared transaction %q (owner %q, prepared %s)", p.GID, p.Owner, p.Prepared.UTC().Format(time.RFC3339))
 	}
 	return b.String()
 }

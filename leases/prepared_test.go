@@ -79,7 +79,7 @@ func TestForceReleaseBehindPreparedTransaction(t *testing.T) {
 	if len(be.Prepared) != 1 || be.Prepared[0].GID != gid || be.Prepared[0].Owner != role || be.Prepared[0].Prepared.IsZero() {
 		t.Fatalf("prepared = %+v, want the transaction %q of %s with its time", be.Prepared, gid, role)
 	}
-	if want := `lease locked by prepared transaction "coordinator 'tx-1'" (owner ` + role + `, prepared `; !strings.Contains(err.Error(), want) {
+	if want := `lease locked by prepared transaction "coordinator 'tx-1'" (owner "` + role + `", prepared `; !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not contain %q", err, want)
 	}
 

@@ -175,8 +175,8 @@ type longWait struct {
 	Prepared []string `json:"prepared"`
 }
 
-// runCheck queries the leases and the lock waits. It reads only; ctx
-// bounds both queries.
+// runCheck queries the leases, the blocked takeovers, the lock waits and
+// the unguarded tables. It reads only; ctx bounds each query.
 func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Duration) (*checkReport, error) {
 	rep := &checkReport{
 		MaxHoldSeconds: maxHold.Seconds(),
@@ -185,15 +185,6 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 		LockWaits:      []longWait{},
 		Unguarded:      []unguardedTable{},
 	}
-	brows, err := pool.Query(ctx, sqlBlockedTakeovers, maxWait)
-	if err != nil {
-		return nil, schemaHint(fmt.Errorf("list blocked lease takeovers: %w", err))
-	}
-	rep.BlockedTakeovers, err = pgx.CollectRows(brows, pgx.RowToStructByPos[blockedTakeover])
-	if err != nil {
-		return nil, schemaHint(fmt.Errorf("list blocked lease takeovers: %w", err))
-	}
-
 	rows, err := pool.Query(ctx, sqlLongLeases, maxHold)
 	if err != nil {
 		return nil, schemaHint(fmt.Errorf("list long-held leases: %w", err))
@@ -209,6 +200,15 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 	}
 	if err := rows.Err(); err != nil {
 		return nil, schemaHint(fmt.Errorf("read long-held leases: %w", err))
+	}
+
+	brows, err := pool.Query(ctx, sqlBlockedTakeovers, maxWait)
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list blocked lease takeovers: %w", err))
+	}
+	rep.BlockedTakeovers, err = pgx.CollectRows(brows, pgx.RowToStructByPos[blockedTakeover])
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list blocked lease takeovers: %w", err))
 	}
 
 	locks, err := listLocks(ctx, pool)
