@@ -491,16 +491,26 @@ func (n *rowName) Scan(src any) error {
 // it: a release notification for it means someone released or
 // force-released the name or asked for a hand-over, and the holder should
 // learn at once rather than at its next scheduled renewal. c.mu held.
+//
+// Any role that can connect may NOTIFY, so notifications are not trusted
+// to say anything (the renewal finds out) nor to come at a bearable rate:
+// while one recheck of l waits to begin, later notifications join it
+// instead of starting their own. Each notification is still followed by a
+// renewal that begins after it.
 func (c *Client) recheckLocked(name string) {
 	l := c.held[name]
-	if l == nil || c.isClosed() {
+	if l == nil || c.isClosed() || l.rechecking {
 		return
 	}
+	l.rechecking = true
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		l.renewMu.Lock()
 		defer l.renewMu.Unlock()
+		c.mu.Lock()
+		l.rechecking = false
+		c.mu.Unlock()
 		c.recheck(l, lostForceReleased)
 	}()
 }

@@ -56,6 +56,7 @@ type Lease struct {
 	nextRenew  time.Time     // local, monotonic: last request start + ttl/3
 	dlPos      int           // 1 + index in the client's deadline heap; 0: not in it
 	minHold    time.Duration // HoldAtLeast: Release keeps the grant until acquiredAt + minHold
+	rechecking bool          // a recheck is queued and has not begun its renewal
 }
 
 type leaseState uint8
