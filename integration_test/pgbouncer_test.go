@@ -37,11 +37,15 @@ func TestPgBouncerTransactionLeases(t *testing.T) {
 		leases.WithLogger(logs.logger()), leases.WithPollInterval(200*time.Millisecond))
 	ctx := ctxT(t, 2*time.Minute)
 
-	la, err := a.TryAcquire(ctx, "job", time.Second)
+	// TTL 3s: the keepalive renews every second and loses the lease only
+	// if one renewal through PgBouncer stalls for 1.7s. At 1s a stall of
+	// 0.6s lost it on a loaded CI machine, which is not what this tests.
+	const ttl = 3 * time.Second
+	la, err := a.TryAcquire(ctx, "job", ttl)
 	if err != nil {
 		t.Fatalf("TryAcquire through PgBouncer: %v", err)
 	}
-	_, err = b.TryAcquire(ctx, "job", time.Second)
+	_, err = b.TryAcquire(ctx, "job", ttl)
 	var held *leases.HeldError
 	if !errors.Is(err, leases.ErrHeld) || !errors.As(err, &held) || held.Holder.Owner != la.Owner() || held.Holder.Fence != la.Fence() {
 		t.Fatalf("TryAcquire of a held lease: %v, want ErrHeld naming %s fence %d", err, la.Owner(), la.Fence())
@@ -71,7 +75,7 @@ func TestPgBouncerTransactionLeases(t *testing.T) {
 	got := make(chan *leases.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
-		l, err := b.Acquire(ctx, "job", time.Second)
+		l, err := b.Acquire(ctx, "job", ttl)
 		got <- l
 		errc <- err
 	}()
