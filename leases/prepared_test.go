@@ -19,6 +19,14 @@ import (
 // default, and a server setting).
 func preparedWork(t *testing.T) (string, *pgxpool.Pool, context.Context) {
 	t.Helper()
+	_, url, pool, ctx := preparedCluster(t)
+	return url, pool, ctx
+}
+
+// preparedCluster is preparedWork with the cluster, for a test that stops
+// or kills the server.
+func preparedCluster(t *testing.T) (*pgtest.Cluster, string, *pgxpool.Pool, context.Context) {
+	t.Helper()
 	c := pgtest.StartCluster(t, pgtest.WithSetting("max_prepared_transactions", "2"))
 	url := c.URL("postgres")
 	ctx := testContext(t)
@@ -29,7 +37,7 @@ func preparedWork(t *testing.T) (string, *pgxpool.Pool, context.Context) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0); SELECT pgfence.protect('work')`); err != nil {
 		t.Fatal(err)
 	}
-	return url, pool, ctx
+	return c, url, pool, ctx
 }
 
 // prepareFencedWrite writes a row of "work" under l's token on conn and
@@ -175,6 +183,88 @@ func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); UPDATE work SET id = 1; COMMIT`); err != nil {
 		t.Errorf("write with the new token: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPreparedFencedWriteSurvivesCrash (scenario: the server crashes while
+// a prepared fenced write waits for its coordinator, and the holder's lease
+// expires in the meantime). Recovery restores the prepared transaction
+// with its locks, the fence lock among them, so after the restart the
+// takeover still waits for it and the write still lands under its own
+// fence, before the next grant.
+func TestPreparedFencedWriteSurvivesCrash(t *testing.T) {
+	t.Parallel()
+	c, url, pool, ctx := preparedCluster(t)
+	frozen := freeze(newClient(t, pool))
+	old, err := frozen.TryAcquire(ctx, "job", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepareFencedWrite(t, ctx, namedConn(t, ctx, url, "coordinator"), old, "tx-3")
+	if err := c.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A pool of the restarted server's: the old one's connections died.
+	after := pgtest.PoolFor(t, url)
+	var gids []string
+	if err := after.QueryRow(ctx, `SELECT array_agg(gid) FROM pg_prepared_xacts`).Scan(&gids); err != nil {
+		t.Fatal(err)
+	}
+	if len(gids) != 1 || gids[0] != "tx-3" {
+		t.Fatalf("prepared transactions after the crash: %q, want [tx-3]", gids)
+	}
+	next := newClient(t, after)
+	got := make(chan *Lease, 1)
+	failed := make(chan error, 1)
+	go func() {
+		l, err := next.Acquire(ctx, "job", time.Minute)
+		if err != nil {
+			failed <- err
+			return
+		}
+		got <- l
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the takeover to wait for the recovered prepared transaction", func() bool {
+		var waiting bool
+		err := after.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM pgfence.leases WHERE name = 'job' AND expires_at > clock_timestamp())
+   AND EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824614 AND NOT granted)`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	select {
+	case l := <-got:
+		t.Fatalf("granted fence %d after the crash while the prepared write of fence %d was undecided", l.Fence(), old.Fence())
+	case err := <-failed:
+		t.Fatal(err)
+	default:
+	}
+
+	if _, err := after.Exec(ctx, `COMMIT PREPARED 'tx-3'`); err != nil {
+		t.Fatal(err)
+	}
+	var l *Lease
+	select {
+	case l = <-got:
+	case err := <-failed:
+		t.Fatal(err)
+	case <-ctx.Done():
+		t.Fatal("no grant after COMMIT PREPARED")
+	}
+	if l.Fence() <= old.Fence() {
+		t.Errorf("new fence %d not above the prepared write's %d", l.Fence(), old.Fence())
+	}
+	var stored int64
+	if err := after.QueryRow(ctx, `SELECT fence FROM work WHERE id = 1`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != old.Fence() {
+		t.Errorf("the prepared write stored fence %d, want %d", stored, old.Fence())
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
