@@ -14,17 +14,10 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// preparedWork is protectedWork on a throwaway cluster of the test's own
-// that allows prepared transactions (max_prepared_transactions is 0 by
-// default, and a server setting).
-func preparedWork(t *testing.T) (string, *pgxpool.Pool, context.Context) {
-	t.Helper()
-	_, url, pool, ctx := preparedCluster(t)
-	return url, pool, ctx
-}
-
-// preparedCluster is preparedWork with the cluster, for a test that stops
-// or kills the server.
+// preparedCluster is protectedWork on a throwaway cluster of the test's
+// own that allows prepared transactions (max_prepared_transactions is 0 by
+// default, and a server setting), with the cluster, for a test that kills
+// the server.
 func preparedCluster(t *testing.T) (*pgtest.Cluster, string, *pgxpool.Pool, context.Context) {
 	t.Helper()
 	c := pgtest.StartCluster(t, pgtest.WithSetting("max_prepared_transactions", "2"))
@@ -60,7 +53,7 @@ func prepareFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l
 // write is gone.
 func TestForceReleaseBehindPreparedTransaction(t *testing.T) {
 	t.Parallel()
-	url, pool, ctx := preparedWork(t)
+	_, url, pool, ctx := preparedCluster(t)
 	holder := newClient(t, pool)
 	// A short TTL: the holder learns of the force-release at its next
 	// renewal, a third of the TTL later.
@@ -113,21 +106,55 @@ func TestForceReleaseBehindPreparedTransaction(t *testing.T) {
 
 // TestPreparedFencedWriteHoldsOffTakeover (scenario: a holder prepares a
 // fenced write, stops renewing, and its lease expires before COMMIT
-// PREPARED comes). The prepared transaction still holds the fence lock, so
-// the takeover waits for it, and the write commits before the next grant:
-// with the old fence, which the new holder's writes then supersede. A
-// takeover that went ahead would let the old write land after the new
-// grant.
+// PREPARED comes; in "crash" the server also crashes and restarts in the
+// meantime). The prepared transaction still holds the fence lock —
+// recovery restores its locks — so the takeover waits for it, and the
+// write commits before the next grant: with the old fence, which the new
+// holder's writes then supersede. A takeover that went ahead would let the
+// old write land after the new grant.
 func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 	t.Parallel()
-	url, pool, ctx := preparedWork(t)
-	frozen := freeze(newClient(t, pool))
-	old, err := frozen.TryAcquire(ctx, "job", time.Second)
-	if err != nil {
-		t.Fatal(err)
+	for _, crash := range []bool{false, true} {
+		name := map[bool]string{false: "running", true: "crash"}[crash]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c, url, pool, ctx := preparedCluster(t)
+			frozen := freeze(newClient(t, pool))
+			old, err := frozen.TryAcquire(ctx, "job", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prepareFencedWrite(t, ctx, namedConn(t, ctx, url, "coordinator"), old, "tx-2")
+			if crash {
+				if err := c.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Start(); err != nil {
+					t.Fatal(err)
+				}
+				// A pool of the restarted server's: the old one's
+				// connections died.
+				pool = pgtest.PoolFor(t, url)
+				var gids []string
+				if err := pool.QueryRow(ctx, `SELECT array_agg(gid) FROM pg_prepared_xacts`).Scan(&gids); err != nil {
+					t.Fatal(err)
+				}
+				if len(gids) != 1 || gids[0] != "tx-2" {
+					t.Fatalf("prepared transactions after the crash: %q, want [tx-2]", gids)
+				}
+			}
+			awaitTakeoverAfterCommitPrepared(t, ctx, url, pool, old, "tx-2")
+		})
 	}
-	prepareFencedWrite(t, ctx, namedConn(t, ctx, url, "coordinator"), old, "tx-2")
+}
 
+// awaitTakeoverAfterCommitPrepared has a new client acquire old's lease,
+// checks that the takeover waits while the prepared transaction gid
+// (which wrote row 1 of "work" under old's token) is undecided, commits
+// it, and checks the order: the write under the old fence, then a grant
+// above it, after which the old token is stale and the new one writes.
+func awaitTakeoverAfterCommitPrepared(t *testing.T, ctx context.Context, url string, pool *pgxpool.Pool, old *Lease, gid string) {
+	t.Helper()
 	next := newClient(t, pool)
 	got := make(chan *Lease, 1)
 	failed := make(chan error, 1)
@@ -155,7 +182,7 @@ func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 	default:
 	}
 
-	if _, err := pool.Exec(ctx, `COMMIT PREPARED 'tx-2'`); err != nil {
+	if _, err := pool.Exec(ctx, `COMMIT PREPARED '`+strings.ReplaceAll(gid, `'`, `''`)+`'`); err != nil {
 		t.Fatal(err)
 	}
 	var l *Lease
@@ -183,88 +210,6 @@ func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); UPDATE work SET id = 1; COMMIT`); err != nil {
 		t.Errorf("write with the new token: %v", err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestPreparedFencedWriteSurvivesCrash (scenario: the server crashes while
-// a prepared fenced write waits for its coordinator, and the holder's lease
-// expires in the meantime). Recovery restores the prepared transaction
-// with its locks, the fence lock among them, so after the restart the
-// takeover still waits for it and the write still lands under its own
-// fence, before the next grant.
-func TestPreparedFencedWriteSurvivesCrash(t *testing.T) {
-	t.Parallel()
-	c, url, pool, ctx := preparedCluster(t)
-	frozen := freeze(newClient(t, pool))
-	old, err := frozen.TryAcquire(ctx, "job", time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prepareFencedWrite(t, ctx, namedConn(t, ctx, url, "coordinator"), old, "tx-3")
-	if err := c.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-
-	// A pool of the restarted server's: the old one's connections died.
-	after := pgtest.PoolFor(t, url)
-	var gids []string
-	if err := after.QueryRow(ctx, `SELECT array_agg(gid) FROM pg_prepared_xacts`).Scan(&gids); err != nil {
-		t.Fatal(err)
-	}
-	if len(gids) != 1 || gids[0] != "tx-3" {
-		t.Fatalf("prepared transactions after the crash: %q, want [tx-3]", gids)
-	}
-	next := newClient(t, after)
-	got := make(chan *Lease, 1)
-	failed := make(chan error, 1)
-	go func() {
-		l, err := next.Acquire(ctx, "job", time.Minute)
-		if err != nil {
-			failed <- err
-			return
-		}
-		got <- l
-	}()
-	pgtest.WaitFor(t, 30*time.Second, "the takeover to wait for the recovered prepared transaction", func() bool {
-		var waiting bool
-		err := after.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM pgfence.leases WHERE name = 'job' AND expires_at > clock_timestamp())
-   AND EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824614 AND NOT granted)`).Scan(&waiting)
-		return err == nil && waiting
-	})
-	select {
-	case l := <-got:
-		t.Fatalf("granted fence %d after the crash while the prepared write of fence %d was undecided", l.Fence(), old.Fence())
-	case err := <-failed:
-		t.Fatal(err)
-	default:
-	}
-
-	if _, err := after.Exec(ctx, `COMMIT PREPARED 'tx-3'`); err != nil {
-		t.Fatal(err)
-	}
-	var l *Lease
-	select {
-	case l = <-got:
-	case err := <-failed:
-		t.Fatal(err)
-	case <-ctx.Done():
-		t.Fatal("no grant after COMMIT PREPARED")
-	}
-	if l.Fence() <= old.Fence() {
-		t.Errorf("new fence %d not above the prepared write's %d", l.Fence(), old.Fence())
-	}
-	var stored int64
-	if err := after.QueryRow(ctx, `SELECT fence FROM work WHERE id = 1`).Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if stored != old.Fence() {
-		t.Errorf("the prepared write stored fence %d, want %d", stored, old.Fence())
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
