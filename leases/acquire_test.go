@@ -177,19 +177,22 @@ func TestKeepaliveRenews(t *testing.T) {
 	t.Parallel()
 	c, pool := setup(t)
 	ctx := testContext(t)
-	l, err := c.TryAcquire(ctx, "kept", time.Second)
+	// TTL 2s: the keepalive renews every 667ms, and only a renewal
+	// stalled for over a second (not a loaded CI machine's 0.6s) loses it.
+	const ttl = 2 * time.Second
+	l, err := c.TryAcquire(ctx, "kept", ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := l.ExpiresAt()
 	// Three TTLs: without renewals the lease would be lost by now.
-	timer := time.NewTimer(3 * time.Second)
+	timer := time.NewTimer(3 * ttl)
 	select {
 	case <-l.Done():
 		t.Fatalf("lease lost while the keepalive was running: %v", l.Err())
 	case <-timer.C:
 	}
-	if !l.ExpiresAt().After(first.Add(time.Second)) {
+	if !l.ExpiresAt().After(first.Add(ttl)) {
 		t.Errorf("ExpiresAt %s, want well after the first %s", l.ExpiresAt(), first)
 	}
 	var fence int64
