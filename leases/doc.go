@@ -275,4 +275,10 @@
 // the database: prefix them with the application ("billing/nightly",
 // "search/indexer-leader"). Bad input — a bad name, a TTL under 1s, a bad
 // option — returns an error naming the setting and writes nothing.
+//
+// A name's row stays after its release: rows are never deleted, which is
+// what keeps each lease's fences increasing. Name a lease after what it
+// guards (a job, a tenant, a shard), not after one run of it: a name per
+// run ("nightly/<uuid>") adds a row to pgfence.leases each time, about
+// 400 bytes with its index entry for 40-byte names and owners.
 package leases
