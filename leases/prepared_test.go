@@ -106,17 +106,25 @@ func TestForceReleaseBehindPreparedTransaction(t *testing.T) {
 
 // TestPreparedFencedWriteHoldsOffTakeover (scenario: a holder prepares a
 // fenced write, stops renewing, and its lease expires before COMMIT
-// PREPARED comes; in "crash" the server also crashes and restarts in the
-// meantime). The prepared transaction still holds the fence lock —
-// recovery restores its locks — so the takeover waits for it, and the
-// write commits before the next grant: with the old fence, which the new
-// holder's writes then supersede. A takeover that went ahead would let the
-// old write land after the new grant.
+// PREPARED comes; in the "crash" cases the server also crashes and
+// restarts in the meantime, and under REPEATABLE READ the transaction also
+// share-locks the lease row). The prepared transaction still holds the
+// fence lock — recovery restores its locks — so the takeover waits for it,
+// and the write commits before the next grant: with the old fence, which
+// the new holder's writes then supersede. A takeover that went ahead would
+// let the old write land after the new grant.
 func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 	t.Parallel()
-	for _, crash := range []bool{false, true} {
-		name := map[bool]string{false: "running", true: "crash"}[crash]
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		crash     bool
+		isolation string
+	}{
+		{"running", false, "read committed"},
+		{"crash", true, "read committed"},
+		{"repeatable read crash", true, "repeatable read"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c, url, pool, ctx := preparedCluster(t)
 			frozen := freeze(newClient(t, pool))
@@ -124,8 +132,12 @@ func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			prepareFencedWrite(t, ctx, namedConn(t, ctx, url, "coordinator"), old, "tx-2")
-			if crash {
+			coordinator := namedConn(t, ctx, url, "coordinator")
+			if _, err := coordinator.Exec(ctx, `SELECT set_config('default_transaction_isolation', $1, false)`, tc.isolation); err != nil {
+				t.Fatal(err)
+			}
+			prepareFencedWrite(t, ctx, coordinator, old, "tx-2")
+			if tc.crash {
 				if err := c.Kill(); err != nil {
 					t.Fatal(err)
 				}
