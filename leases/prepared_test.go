@@ -155,75 +155,66 @@ func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 					t.Fatalf("prepared transactions after the crash: %q, want [tx-2]", gids)
 				}
 			}
-			awaitTakeoverAfterCommitPrepared(t, ctx, url, pool, old, "tx-2")
-		})
-	}
-}
-
-// awaitTakeoverAfterCommitPrepared has a new client acquire old's lease,
-// checks that the takeover waits while the prepared transaction gid
-// (which wrote row 1 of "work" under old's token) is undecided, commits
-// it, and checks the order: the write under the old fence, then a grant
-// above it, after which the old token is stale and the new one writes.
-func awaitTakeoverAfterCommitPrepared(t *testing.T, ctx context.Context, url string, pool *pgxpool.Pool, old *Lease, gid string) {
-	t.Helper()
-	next := newClient(t, pool)
-	got := make(chan *Lease, 1)
-	failed := make(chan error, 1)
-	go func() {
-		l, err := next.Acquire(ctx, "job", time.Minute)
-		if err != nil {
-			failed <- err
-			return
-		}
-		got <- l
-	}()
-	// The grant has expired by the database clock and the takeover waits
-	// for the fence lock (try_acquire's slow path).
-	pgtest.WaitFor(t, 30*time.Second, "the takeover to wait for the prepared transaction", func() bool {
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM pgfence.leases WHERE name = 'job' AND expires_at > clock_timestamp())
+			next := newClient(t, pool)
+			got := make(chan *Lease, 1)
+			failed := make(chan error, 1)
+			go func() {
+				l, err := next.Acquire(ctx, "job", time.Minute)
+				if err != nil {
+					failed <- err
+					return
+				}
+				got <- l
+			}()
+			// The grant has expired by the database clock and the
+			// takeover waits for the fence lock (try_acquire's slow path).
+			pgtest.WaitFor(t, 30*time.Second, "the takeover to wait for the prepared transaction", func() bool {
+				var waiting bool
+				err := pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT FROM pgfence.leases WHERE name = 'job' AND expires_at > clock_timestamp())
    AND EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824614 AND NOT granted)`).Scan(&waiting)
-		return err == nil && waiting
-	})
-	select {
-	case l := <-got:
-		t.Fatalf("granted fence %d while a prepared fenced write of fence %d was undecided", l.Fence(), old.Fence())
-	case err := <-failed:
-		t.Fatal(err)
-	default:
-	}
+				return err == nil && waiting
+			})
+			select {
+			case l := <-got:
+				t.Fatalf("granted fence %d while a prepared fenced write of fence %d was undecided", l.Fence(), old.Fence())
+			case err := <-failed:
+				t.Fatal(err)
+			default:
+			}
 
-	if _, err := pool.Exec(ctx, `COMMIT PREPARED '`+strings.ReplaceAll(gid, `'`, `''`)+`'`); err != nil {
-		t.Fatal(err)
-	}
-	var l *Lease
-	select {
-	case l = <-got:
-	case err := <-failed:
-		t.Fatal(err)
-	case <-ctx.Done():
-		t.Fatal("no grant after COMMIT PREPARED")
-	}
-	if l.Fence() <= old.Fence() {
-		t.Fatalf("new fence %d not above the prepared write's %d", l.Fence(), old.Fence())
-	}
-	var stored int64
-	if err := pool.QueryRow(ctx, `SELECT fence FROM work WHERE id = 1`).Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if stored != old.Fence() {
-		t.Errorf("the prepared write stored fence %d, want %d", stored, old.Fence())
-	}
-	// The old token is stale now; the new one writes over the old row.
-	stale := namedConn(t, ctx, url, "stale")
-	if _, err := stale.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(old.Fence())+`); UPDATE work SET id = 1; COMMIT`); pgerr.Code(err) != "PF001" {
-		t.Errorf("write with the old token after the takeover = %v, want SQLSTATE PF001 (stale)", err)
-	}
-	if _, err := pool.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); UPDATE work SET id = 1; COMMIT`); err != nil {
-		t.Errorf("write with the new token: %v", err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
+			if _, err := pool.Exec(ctx, `COMMIT PREPARED 'tx-2'`); err != nil {
+				t.Fatal(err)
+			}
+			var l *Lease
+			select {
+			case l = <-got:
+			case err := <-failed:
+				t.Fatal(err)
+			case <-ctx.Done():
+				t.Fatal("no grant after COMMIT PREPARED")
+			}
+			if l.Fence() <= old.Fence() {
+				t.Fatalf("new fence %d not above the prepared write's %d", l.Fence(), old.Fence())
+			}
+			var stored int64
+			if err := pool.QueryRow(ctx, `SELECT fence FROM work WHERE id = 1`).Scan(&stored); err != nil {
+				t.Fatal(err)
+			}
+			if stored != old.Fence() {
+				t.Errorf("the prepared write stored fence %d, want %d", stored, old.Fence())
+			}
+			// The old token is stale now; the new one writes over the
+			// old row.
+			stale := namedConn(t, ctx, url, "stale")
+			if _, err := stale.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(old.Fence())+`); UPDATE work SET id = 1; COMMIT`); pgerr.Code(err) != "PF001" {
+				t.Errorf("write with the old token after the takeover = %v, want SQLSTATE PF001 (stale)", err)
+			}
+			if _, err := pool.Exec(ctx, `BEGIN; SELECT pgfence.declare_token('job', `+itoa(l.Fence())+`); UPDATE work SET id = 1; COMMIT`); err != nil {
+				t.Errorf("write with the new token: %v", err)
+			}
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
