@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence/internal/names"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -307,11 +308,14 @@ func printLeases(cmd *cobra.Command, rows []leaseRow) error {
 // validateLeaseName applies the lease table's rules before connecting, so
 // that bad input exits 2 and touches nothing.
 func validateLeaseName(name string) error {
-	switch {
-	case name == "":
-		return usageErrorf("lease name must not be empty")
-	case len(name) > leases.MaxNameLen:
-		return usageErrorf("lease name must be at most %d bytes, got %d", leases.MaxNameLen, len(name))
+	return validateName("lease name", name, leases.MaxNameLen)
+}
+
+// validateName applies the rules of the leases and pglock packages (1 to
+// maxLen bytes of UTF-8 without NUL) to what names, before connecting.
+func validateName(what, name string, maxLen int) error {
+	if err := names.Check(name, maxLen); err != nil {
+		return usageErrorf("%s %v", what, err)
 	}
 	return nil
 }

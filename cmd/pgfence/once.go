@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/names"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -47,8 +48,10 @@ func (o onceOptions) validate(lease string) error {
 		return errors.New("--once and --at-least need --lease")
 	case o.atLeast < 0 || o.atLeast > 24*time.Hour:
 		return fmt.Errorf("--at-least must be between 0 and 24h, got %s", o.atLeast)
-	case len(o.key) > leases.MaxPeriodLen:
-		return fmt.Errorf("--once key must be at most %d bytes, got %d", leases.MaxPeriodLen, len(o.key))
+	case o.key != "":
+		if err := names.Check(o.key, leases.MaxPeriodLen); err != nil {
+			return fmt.Errorf("--once key %w", err)
+		}
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/leases"
+	"github.com/pgfence/pgfence/pglock"
 )
 
 // defaultGrace is how long a command gets between SIGTERM and SIGKILL
@@ -140,10 +141,7 @@ func (o *runOptions) resolve(cmd *cobra.Command) error {
 	if o.lease != "" {
 		return validateLeaseName(o.lease)
 	}
-	if o.lock == "" {
-		return usageErrorf("lock name must not be empty")
-	}
-	return nil
+	return validateName("lock name", o.lock, pglock.MaxNameLen)
 }
 
 // held is what run holds while the command runs: a lease or a lock.
