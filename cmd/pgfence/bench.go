@@ -342,24 +342,50 @@ func (r benchResult) quantile(q float64) time.Duration {
 	return r.lat[min(int(q*float64(len(r.lat))), len(r.lat)-1)]
 }
 
+// opGrace is how long an operation in flight may take to finish after the
+// measurement is stopped (an interrupt, another worker's error) before its
+// own context ends too.
+const opGrace = 5 * time.Second
+
 // measure runs op on conc goroutines (worker numbers 0..conc-1) for d and
 // returns the operations done and their latencies. The first error stops
-// the measurement and is returned.
+// the measurement and is returned. When ctx ends or a worker fails, each
+// worker stops after the operation it is in, which gets opGrace to finish:
+// cancelling it half-way could leave a lease granted but never released
+// (its grant's reply lost, or the release cut off), and the names are the
+// same each run, so the next run would find it held until it expired.
 func measure(ctx context.Context, d time.Duration, conc int, op func(ctx context.Context, w int) error) (benchResult, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	opCtx, opCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer opCancel()
 	lats := make([][]time.Duration, conc)
 	var wg sync.WaitGroup
+	workersDone := make(chan struct{})
+	wg.Go(func() { // ends the operations in flight opGrace after ctx
+		select {
+		case <-workersDone:
+		case <-ctx.Done():
+			t := time.NewTimer(opGrace)
+			defer t.Stop()
+			select {
+			case <-workersDone:
+			case <-t.C:
+				opCancel()
+			}
+		}
+	})
+	var workers sync.WaitGroup
 	begin := time.Now()
 	end := begin.Add(d)
 	for w := range conc {
-		wg.Go(func() {
+		workers.Go(func() {
 			for ctx.Err() == nil {
 				t0 := time.Now()
 				if t0.After(end) {
 					return
 				}
-				if err := op(ctx, w); err != nil {
+				if err := op(opCtx, w); err != nil {
 					cancel(err)
 					return
 				}
@@ -367,6 +393,8 @@ func measure(ctx context.Context, d time.Duration, conc int, op func(ctx context
 			}
 		})
 	}
+	workers.Wait()
+	close(workersDone)
 	wg.Wait()
 	elapsed := time.Since(begin)
 	if err := context.Cause(ctx); err != nil {

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -65,6 +68,46 @@ func TestBench(t *testing.T) {
 	}
 	if schemas != 0 || held != 0 || locks != 0 {
 		t.Errorf("after bench: %d pgfence_bench schemas, %d live leases, %d advisory locks; want none", schemas, held, locks)
+	}
+}
+
+// An interrupted bench releases the leases its workers hold: it uses the
+// same names each run, so a lease left held (a release sent on the
+// interrupted context) would fail the next run for the lease's minute.
+// Each round interrupts the lease cycle of 8 workers once their leases
+// come and go; a round whose signal lands between the pgfence slices
+// proves nothing, so there are several.
+func TestBenchInterruptReleases(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	ctx := context.Background()
+	cycles := func() (n int64) {
+		if err := pool.QueryRow(ctx, `SELECT coalesce(sum(fence), 0) FROM pgfence.leases WHERE name LIKE 'pgfence-bench/lease/%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for round := range 5 {
+		p := startCLI(t, cliEnv(), "--database-url", url, "bench", "--duration", "30s", "--concurrency", "8")
+		p.line() // the header: setup is done and the lease cycles start
+		before := cycles()
+		pgtest.WaitFor(t, cliTimeout, "the bench's lease cycles", func() bool { return cycles() != before })
+		if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		p.wait()
+		var live []string
+		rows, err := pool.Query(ctx, `SELECT name FROM pgfence.leases WHERE expires_at > clock_timestamp()`)
+		if err == nil {
+			live, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(live) > 0 {
+			t.Fatalf("round %d: leases still held after an interrupted bench: %q", round, live)
+		}
 	}
 }
 
