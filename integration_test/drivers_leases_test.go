@@ -1,7 +1,10 @@
 package integration_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -141,6 +144,77 @@ func TestDriversFencing(t *testing.T) {
 		}
 		if err := h.fenced(ctx, fencing.Token{}, `SELECT 1`); !errors.Is(err, fencing.ErrInvalid) {
 			t.Fatalf("fenced with the zero token: %v, want ErrInvalid", err)
+		}
+	})
+}
+
+// TestDriversCancelledGrant (scenario: the caller of a grant gives up
+// while the grant waits for an expired holder's open fenced transaction,
+// over each driver). The call returns ctx's error promptly, and the grant
+// never happens: when the holder commits, no backend of the caller is
+// still queued to take the lease.
+func TestDriversCancelledGrant(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		protectedTable(t, admin, "work", "id int PRIMARY KEY")
+		var fence int64
+		if err := admin.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('res', 'ghost', 1000000, NULL)`).Scan(&fence); err != nil {
+			t.Fatal(err)
+		}
+		holder, err := newPool(t, u, "holder").Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Release()
+		for _, q := range []string{`BEGIN`, `SELECT pgfence.declare_token('res', ` + strconv.FormatInt(fence, 10) + `)`, `INSERT INTO work VALUES (1)`} {
+			if _, err := holder.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
+			row, _, err := readLease(ctx, admin, "res")
+			return err == nil && !row.live(), err
+		})
+		waiting := func() (bool, error) {
+			var n int
+			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
+			return n > 0, err
+		}
+
+		c := mustClient(t, d.open(t, u, "taker"), "taker")
+		gctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			l, err := c.TryAcquire(gctx, "res", time.Minute)
+			if err == nil {
+				err = fmt.Errorf("granted %v", l)
+			}
+			done <- err
+		}()
+		mustWait(t, 30*time.Second, "the grant to wait for the fence lock", waiting)
+		cancel()
+		start := time.Now()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("TryAcquire = %v, want an error matching context.Canceled", err)
+			}
+			t.Logf("TryAcquire returned %v after %v", err, time.Since(start).Round(time.Millisecond))
+		case <-time.After(30 * time.Second): // a cancel request and a round trip, on a loaded machine
+			t.Fatal("TryAcquire did not return after its context ended")
+		}
+		mustWait(t, 30*time.Second, "the grant's wait to end on the server", func() (bool, error) {
+			ok, err := waiting()
+			return !ok, err
+		})
+		if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+		row, _, err := readLease(ctx, admin, "res")
+		if err != nil || row.Owner != "ghost" || row.live() {
+			t.Fatalf("lease after the holder committed: %+v, %v; want the ghost's expired grant", row, err)
 		}
 	})
 }

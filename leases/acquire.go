@@ -103,7 +103,9 @@ func (c *Client) wakeQueue(name string) {
 // client, when the holder's grant expires by the database clock, and on a
 // jittered poll (see WithPollInterval). Bad input (name, ttl < MinTTL)
 // returns an error naming the setting and writes nothing. opts configure
-// the grant (WithData).
+// the grant (WithData). If ctx ends while an attempt's statement runs, the
+// attempt is cancelled and its answer awaited (package doc, "Failure
+// handling"): the lease is returned if the grant committed first.
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	return c.take(ctx, name, ttl, opts, false, func(ctx context.Context, ac acquireConfig) (*Lease, error) {
 		return c.acquire(ctx, name, ttl, ac)
@@ -179,7 +181,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 		c.want(ctx, name) // before the attempt: see interest.go
 		l, holder, remaining, err := try(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil && !errors.Is(err, errInDoubt) {
 				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
 			}
 			return nil, err
@@ -207,7 +209,9 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 
 // TryAcquire takes the named lease for ttl if nobody holds it, in one
 // statement. If another owner holds it, it returns a *HeldError (matching
-// ErrHeld) naming the holder. ctx bounds the statement only. Bad input
+// ErrHeld) naming the holder. ctx bounds the statement only: if it ends
+// first, the statement is cancelled and its answer awaited (package doc,
+// "Failure handling"), so that an error leaves nothing held. Bad input
 // returns an error naming the setting and writes nothing. opts configure
 // the grant (WithData); the HeldError's Holder carries the holder's data.
 //
@@ -266,8 +270,11 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac a
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
-		err := c.q.QueryRow(ctx, sqlGrant, name, owner, ttl.Microseconds(), data).Scan(&granted,
+		err := c.queryGrant(ctx, sqlGrant, []any{name, owner, ttl.Microseconds(), data}, &granted,
 			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS, &info.Data)
+		if err != nil && ctx.Err() != nil {
+			return nil, Info{}, 0, c.gaveUp(ctx, fmt.Sprintf("acquire %q", name), owner, err)
+		}
 		if errors.Is(err, errNoRows) {
 			// The holder committed after this statement's snapshot was
 			// taken (or released just now): look again.

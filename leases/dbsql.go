@@ -20,6 +20,11 @@ import (
 //     same database. WithNotifications(true) is invalid here.
 //   - OnceTx needs pgx (its fn takes a pgx.Tx): use Once, or run the work
 //     in fencing.InDBTx with the lease's Token.
+//   - A grant whose caller gives up is settled as over pgx when the driver
+//     is pgx's stdlib. Another driver sends no cancel request the client
+//     can wait for: the grant's statement is waited for up to 250ms, then
+//     its context is cancelled (lib/pq then sends a cancel request of its
+//     own) and the call reports the grant in doubt.
 //
 // Arrays travel as PostgreSQL array literals, which every driver binds,
 // and PostgreSQL errors are read by SQLSTATE from any driver's error (a

@@ -176,6 +176,15 @@
 //     if its client has a listener, as Lead's does). During that window
 //     only fences protect: use it when the holder is stuck, not as a
 //     routine hand-over.
+//   - Caller gives up during a grant (ctx ends while the statement runs):
+//     closing the connection would lose the answer, not the grant — a
+//     commit waiting for a synchronous standby still commits — and leave
+//     the lease held for its TTL by an owner nobody knows. The client
+//     sends a cancel request instead and waits for the answer (up to
+//     WithReleaseTimeout): the call returns the lease if the grant
+//     committed first, else ctx's error with nothing held. With no answer
+//     (the server unreachable) the error says the grant is in doubt, and a
+//     grant that committed expires after its TTL.
 //   - Lease lost at the local deadline: the client expires the grant it may
 //     still own, so that waiters need not wait for the margin to pass.
 //   - Missing or out-of-date schema: errors say "schema pgfence missing
@@ -267,7 +276,8 @@
 // unwrap to one). Everything works as over a pool except that database/sql
 // cannot LISTEN: waiters learn of releases by polling (WithPollInterval),
 // and OnceTx, whose fn takes a pgx.Tx, is pgx-only. Fence writes with
-// fencing.InDBTx.
+// fencing.InDBTx. Over a driver other than pgx's, a grant whose caller
+// gives up may end in doubt (NewDB says why).
 //
 // # Names
 //

@@ -77,6 +77,9 @@ type hooks struct {
 	onWait func(name string)
 	// listening is closed when LISTEN first succeeds.
 	listening chan struct{}
+	// noCancelRequest simulates a lost cancel request (a proxy that drops
+	// it): a grant whose caller gave up gets no answer from the server.
+	noCancelRequest bool
 }
 
 // WithDurableRelease makes releases wait for the WAL flush (and for
@@ -114,10 +117,11 @@ func WithForceReleaseTimeout(d time.Duration) Option {
 // context.WithoutCancel, so it runs even when ctx has ended), the one
 // statement with which Close ends every held grant, the release of a
 // grant that arrived after Close began, and the keepalive's release of
-// grants it stopped trusting. A release that times out leaves the grant to
-// expire after its TTL; in a batch, only the grants whose rows another
-// transaction still locks. Default 5s, valid [10ms, 1h]; pglock's
-// WithUnlockTimeout has the same default.
+// grants it stopped trusting; and the wait for the server's answer to a
+// grant whose caller gave up (Acquire). A release that times out leaves
+// the grant to expire after its TTL; in a batch, only the grants whose
+// rows another transaction still locks. Default 5s, valid [10ms, 1h];
+// pglock's WithUnlockTimeout has the same default.
 func WithReleaseTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < minReleaseTimeout || d > maxReleaseTimeout {

@@ -164,8 +164,11 @@ func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info,
 		expires     *time.Time
 		remainingUS int64
 	)
-	err := c.q.QueryRow(ctx, sqlGrantSlot, s.name, s.slots, owner, ttl.Microseconds()).Scan(&granted,
+	err := c.queryGrant(ctx, sqlGrantSlot, []any{s.name, s.slots, owner, ttl.Microseconds()}, &granted,
 		&slot, &lease, &holder, &fence, &acquired, &renewed, &expires, &remainingUS)
+	if err != nil && ctx.Err() != nil {
+		return nil, Info{}, 0, c.gaveUp(ctx, fmt.Sprintf("acquire a slot of semaphore %q", s.name), owner, err)
+	}
 	if err != nil {
 		if errors.Is(err, errNoRows) {
 			err = errors.New("pgfence.try_acquire_slot returned no row")

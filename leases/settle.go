@@ -1,0 +1,171 @@
+package leases
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbx"
+)
+
+// A grant is a write. If its caller gives up while the statement runs,
+// closing the connection — what pgx and database/sql do when a context
+// ends — loses the statement's answer, not the statement: the server can
+// still commit the grant (its commit waiting for a synchronous standby,
+// its reply in flight), and the lease is then held until its TTL by an
+// owner nobody knows, so that nobody can release it. So a grant runs
+// without its context's cancellation, and when the context ends the
+// client sends a cancel request and waits for the answer: an error (the
+// grant was cancelled, or failed: nothing is held) or the grant (it
+// committed first: the caller gets the lease). If no answer comes within
+// the release timeout (the server unreachable), the statement is made to
+// fail on the client: the outcome is then unknown (errInDoubt), and a grant
+// that committed expires after its TTL. A connection to which a cancel
+// request was sent is closed, never reused: the request may arrive late
+// and cancel the next statement.
+
+// errInDoubt: the server did not answer a grant whose caller gave up.
+var errInDoubt = errors.New("grant in doubt: no answer from the server after the cancellation; if the grant committed, it is held until it expires")
+
+// aLongTimeAgo is a deadline in the past: setting it makes a blocked read
+// fail at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// destroyTimeout bounds the polite close (Terminate message) of a
+// connection that is not reused; the socket is closed regardless.
+const destroyTimeout = time.Second
+
+// queryGrant runs query, a grant, on a connection of its own and scans its
+// one row into dest, settling the statement if ctx ends first (see above).
+func (c *Client) queryGrant(ctx context.Context, query string, args []any, dest ...any) error {
+	if c.pool != nil {
+		return c.queryGrantPgx(ctx, query, args, dest)
+	}
+	return c.queryGrantDB(ctx, query, args, dest)
+}
+
+func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, dest []any) error {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	pg := conn.Conn().PgConn()
+	cancelRequest := pg.CancelRequest
+	if c.hooks.noCancelRequest {
+		cancelRequest = func(context.Context) error { return nil } // sent, and lost
+	}
+	cancelled, answered, err := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().SetReadDeadline(aLongTimeAgo) },
+		func() error { return conn.QueryRow(context.WithoutCancel(ctx), query, args...).Scan(dest...) })
+	if !cancelled {
+		conn.Release()
+		return err
+	}
+	destroy(conn)
+	if !answered {
+		return errInDoubt
+	}
+	return err
+}
+
+func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, dest []any) error {
+	sc, err := c.sdb.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	// pgx's stdlib driver gives its connection, whose cancel request
+	// needs no more than the session's key (pgx sends it concurrently
+	// with a running statement itself).
+	var cancelRequest func(context.Context) error
+	_ = sc.Raw(func(dc any) error {
+		if p, ok := dc.(interface{ Conn() *pgx.Conn }); ok {
+			cancelRequest = p.Conn().PgConn().CancelRequest
+		}
+		return nil
+	})
+	stmtCtx, cancelStmt := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelStmt()
+	cancelled, answered, err := c.settle(ctx, cancelRequest, cancelStmt,
+		func() error { return dbx.SQL(sc).QueryRow(stmtCtx, query, args...).Scan(dest...) })
+	if !cancelled {
+		_ = sc.Close()
+		return err
+	}
+	// database/sql has no Hijack: ErrBadConn from Raw makes it close the
+	// driver connection instead of returning it to db's pool.
+	_ = sc.Raw(func(any) error { return driver.ErrBadConn })
+	_ = sc.Close()
+	if !answered {
+		return errInDoubt
+	}
+	return err
+}
+
+// otherDriverWait is how long a grant whose caller gave up waits for its
+// statement to end by itself over a database/sql driver other than pgx's,
+// which offers no cancel request of its own: long enough for a statement
+// that was running normally, short beside a caller's deadline. Then the
+// statement's context is cancelled: the driver sends its cancel request
+// (lib/pq) or closes the connection, and the outcome is unknown.
+const otherDriverWait = 250 * time.Millisecond
+
+// settle runs stmt, a grant's statement, under ctx. If ctx ends before
+// stmt returns, it sends the cancel request and waits for stmt, up to the
+// release timeout — or, with no cancel request to send (nil), waits
+// otherDriverWait — then calls fail, which must make stmt return at once.
+// cancelled says that ctx ended while stmt ran (the connection must then
+// not be reused); answered, that stmt returned before fail.
+func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context) error, fail func(), stmt func() error) (cancelled, answered bool, err error) {
+	finished := make(chan struct{})
+	cleaned := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cleaned)
+		wait := c.cfg.releaseTimeout
+		if cancelRequest == nil {
+			wait = min(wait, otherDriverWait)
+		}
+		wctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if cancelRequest != nil {
+			_ = cancelRequest(wctx) // lost or refused: stmt may still end by itself
+		}
+		select {
+		case <-finished:
+			answered = true
+			return
+		case <-wctx.Done():
+		}
+		fail()
+		<-finished
+	})
+	err = stmt()
+	close(finished)
+	if stop() {
+		return false, true, err
+	}
+	<-cleaned
+	return true, answered, err
+}
+
+// gaveUp is the error of grant op, by owner, whose statement ended with
+// err after its context ended: the context's, and whether the outcome is
+// unknown, which is also logged.
+func (c *Client) gaveUp(ctx context.Context, op, owner string, err error) error {
+	if errors.Is(err, errInDoubt) {
+		c.log.Warn("leases: a cancelled grant is in doubt; if it committed, it is held until it expires", "op", op, "owner", owner)
+		return fmt.Errorf("leases: %s: %w: %w", op, context.Cause(ctx), errInDoubt)
+	}
+	return fmt.Errorf("leases: %s: %w", op, context.Cause(ctx))
+}
+
+// destroy takes conn out of the pool and closes it.
+func destroy(conn *pgxpool.Conn) {
+	pc := conn.Hijack()
+	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+	defer cancel()
+	_ = pc.Close(ctx)
+}

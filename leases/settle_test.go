@@ -1,0 +1,293 @@
+package leases
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// takes are the calls that grant a lease, for the tests of a grant whose
+// caller gives up.
+var takes = []struct {
+	name string
+	take func(ctx context.Context, c *Client) (*Lease, error)
+}{
+	{"TryAcquire", func(ctx context.Context, c *Client) (*Lease, error) { return c.TryAcquire(ctx, "job", time.Minute) }},
+	{"Acquire", func(ctx context.Context, c *Client) (*Lease, error) { return c.Acquire(ctx, "job", time.Minute) }},
+}
+
+// semaphoreTake takes a slot of semaphore "job" (lease "job#1").
+var semaphoreTake = struct {
+	name string
+	take func(ctx context.Context, c *Client) (*Lease, error)
+}{"Semaphore.Acquire", func(ctx context.Context, c *Client) (*Lease, error) {
+	s, err := c.Semaphore("job", 1)
+	if err != nil {
+		return nil, err
+	}
+	return s.Acquire(ctx, time.Minute)
+}}
+
+// clientOver returns a client over url through driver ("pgx": a pgx
+// pool; "database/sql": pgx's stdlib driver), closed when t ends.
+func clientOver(t *testing.T, driver, url string) *Client {
+	t.Helper()
+	if driver == "pgx" {
+		return newClient(t, pgtest.PoolFor(t, url))
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewDB(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if n := db.Stats().InUse; n != 0 {
+			t.Errorf("after Close: %d connections in use", n)
+		}
+		_ = db.Close()
+	})
+	return c
+}
+
+// grantRunning counts the backends of admin's server that run a grant (of
+// a lease or of a semaphore's slot) and, if waitEvent is not empty, wait on
+// that event.
+func grantRunning(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waitEvent string) int {
+	t.Helper()
+	var n int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE state = 'active' AND query IN ($1, $2) AND ($3 = '' OR wait_event = $3)`, sqlGrant, sqlGrantSlot, waitEvent).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// liveHolder returns the owner of the live grant of "job" or of its
+// semaphore's slot, or "".
+func liveHolder(t *testing.T, ctx context.Context, admin *pgxpool.Pool) string {
+	t.Helper()
+	var owner string
+	err := admin.QueryRow(ctx, `SELECT owner FROM pgfence.leases WHERE name IN ('job', 'job#1') AND expires_at > clock_timestamp()`).Scan(&owner)
+	if err != nil && !errors.Is(err, errNoRows) {
+		t.Fatal(err)
+	}
+	return owner
+}
+
+type taken struct {
+	l   *Lease
+	err error
+}
+
+// takeUntilCancelled runs take on c in a goroutine, cancels its context
+// once waiting says the grant is under way, and returns its result.
+func takeUntilCancelled(t *testing.T, ctx context.Context, c *Client, take func(context.Context, *Client) (*Lease, error), what string, waiting func() bool) taken {
+	t.Helper()
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan taken, 1)
+	go func() {
+		l, err := take(gctx, c)
+		done <- taken{l, err}
+	}()
+	pgtest.WaitFor(t, testTimeout, what, waiting)
+	cancel()
+	select {
+	case r := <-done:
+		return r
+	case <-ctx.Done():
+		t.Fatal("the grant did not return after its context ended")
+		return taken{}
+	}
+}
+
+// standbyDown starts a migrated throwaway cluster whose commits wait for a
+// synchronous standby that never connects. It returns the URL of its
+// database, whose sessions' commits wait; an admin pool, whose sessions
+// commit locally; and the test's context.
+func standbyDown(t *testing.T) (string, *pgxpool.Pool, context.Context) {
+	t.Helper()
+	cluster := pgtest.StartCluster(t, pgtest.WithSetting("synchronous_standby_names", "nobody"))
+	ctx := testContext(t)
+	url := cluster.URL("postgres")
+	local := url + "&synchronous_commit=local"
+	if err := migrations.Up(ctx, local); err != nil {
+		t.Fatal(err)
+	}
+	return url, pgtest.PoolFor(t, local), ctx
+}
+
+// standbyBack lets the commits of standbyDown's cluster through: no
+// synchronous standby is needed any more.
+func standbyBack(t *testing.T, ctx context.Context, admin *pgxpool.Pool) {
+	t.Helper()
+	for _, q := range []string{`ALTER SYSTEM RESET synchronous_standby_names`, `SELECT pg_reload_conf()`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCancelledGrantCommitted (scenario: the caller of a grant gives up
+// while the grant's commit waits for a synchronous standby that is down —
+// synchronous replication, as Patroni's synchronous mode runs it, with the
+// standby gone). The cancel ends the wait but not the commit: PostgreSQL
+// has committed locally and says so in a warning. Closing the connection
+// at the end of ctx lost that answer, and the lease stayed held for its
+// TTL by an owner nobody knew. The call must return the lease instead, or
+// an error with nothing held.
+func TestCancelledGrantCommitted(t *testing.T) {
+	t.Parallel()
+	for _, tk := range append(takes, semaphoreTake) {
+		for _, driver := range []string{"pgx", "database/sql"} {
+			t.Run(tk.name+"/"+driver, func(t *testing.T) {
+				t.Parallel()
+				url, admin, ctx := standbyDown(t)
+				c := clientOver(t, driver, url)
+
+				r := takeUntilCancelled(t, ctx, c, tk.take, "the grant's commit to wait for the standby", func() bool {
+					return grantRunning(t, ctx, admin, "SyncRep") > 0
+				})
+				standbyBack(t, ctx, admin)
+				pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
+				holder := liveHolder(t, ctx, admin)
+				if r.err != nil {
+					if !errors.Is(r.err, context.Canceled) {
+						t.Errorf("error %v does not match context.Canceled", r.err)
+					}
+					if holder != "" {
+						t.Fatalf("%s returned %q, yet its grant committed: the lease is held by %q, whom nobody knows", tk.name, r.err, holder)
+					}
+					return
+				}
+				if holder != r.l.Owner() {
+					t.Fatalf("%s returned the grant of %q; the live grant is %q's", tk.name, r.l.Owner(), holder)
+				}
+				t.Logf("%s returned the grant that committed after its context ended (fence %d)", tk.name, r.l.Fence())
+				if err := r.l.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// TestCancelledGrantWaiting (scenario: the caller of a grant gives up while
+// the grant waits for an expired holder's open fenced transaction). The
+// call returns ctx's error only once the statement is over on the server —
+// not with a backend still queued for the fence lock, which would take the
+// lease when the holder commits — and nothing is held then or later.
+func TestCancelledGrantWaiting(t *testing.T) {
+	t.Parallel()
+	for _, tk := range takes {
+		for _, driver := range []string{"pgx", "database/sql"} {
+			t.Run(tk.name+"/"+driver, func(t *testing.T) {
+				t.Parallel()
+				url, admin, ctx := protectedWork(t)
+				frozen := freeze(newClient(t, admin))
+				old, err := frozen.TryAcquire(ctx, "job", MinTTL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				holder := namedConn(t, ctx, url, "holder")
+				openFencedWrite(t, ctx, holder, old)
+				pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool { return liveHolder(t, ctx, admin) == "" })
+				c := clientOver(t, driver, url)
+
+				r := takeUntilCancelled(t, ctx, c, tk.take, "the grant to wait for the fence lock", func() bool {
+					return grantRunning(t, ctx, admin, "advisory") > 0
+				})
+				running := grantRunning(t, ctx, admin, "")
+				if r.err == nil {
+					t.Fatalf("%s granted %v behind an open fenced transaction", tk.name, r.l)
+				}
+				if !errors.Is(r.err, context.Canceled) {
+					t.Errorf("error %v does not match context.Canceled", r.err)
+				}
+				if running != 0 {
+					t.Errorf("%s returned %q with its statement still running on the server", tk.name, r.err)
+				}
+				if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+					t.Fatal(err)
+				}
+				pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
+				if h := liveHolder(t, ctx, admin); h != "" {
+					t.Fatalf("after %s returned %q, the lease is held by %q, whom nobody knows", tk.name, r.err, h)
+				}
+			})
+		}
+	}
+}
+
+// TestCancelledGrantUnanswered (scenario: as TestCancelledGrantCommitted,
+// but the cancel request is lost, as through a proxy that drops it). The
+// call still returns, after the release timeout, with ctx's error saying
+// that the grant is in doubt, logs it, and leaves no connection acquired
+// (newClient checks) or goroutine behind (TestMain checks).
+func TestCancelledGrantUnanswered(t *testing.T) {
+	t.Parallel()
+	url, admin, ctx := standbyDown(t)
+	var logs syncBuffer
+	const wait = 500 * time.Millisecond
+	c := newClient(t, pgtest.PoolFor(t, url), WithReleaseTimeout(wait),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	c.hooks.noCancelRequest = true
+
+	var cancelled time.Time
+	r := takeUntilCancelled(t, ctx, c, takes[0].take, "the grant's commit to wait for the standby", func() bool {
+		if grantRunning(t, ctx, admin, "SyncRep") == 0 {
+			return false
+		}
+		cancelled = time.Now()
+		return true
+	})
+	took := time.Since(cancelled)
+	if !errors.Is(r.err, context.Canceled) || !errors.Is(r.err, errInDoubt) {
+		t.Fatalf("TryAcquire = %v, %v; want an error matching context.Canceled and errInDoubt", r.l, r.err)
+	}
+	// Bounds: the release timeout, and a loaded machine's slack above it.
+	if took < wait || took > wait+10*time.Second {
+		t.Errorf("TryAcquire returned %v after its context ended; want the release timeout, %v", took, wait)
+	}
+	if !strings.Contains(logs.String(), "a cancelled grant is in doubt") {
+		t.Errorf("nothing logged about the grant in doubt: %q", logs.String())
+	}
+	standbyBack(t, ctx, admin)
+	pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
+}
+
+// syncBuffer is a log destination safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
