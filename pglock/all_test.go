@@ -301,7 +301,10 @@ func TestLockAllAbandonedWait(t *testing.T) {
 			var wctx context.Context
 			var cancel context.CancelFunc
 			if how == "deadline" {
-				wctx, cancel = context.WithTimeout(ctx, time.Second)
+				// Far enough for the wait to begin, and be seen, on a
+				// loaded machine (1s was not: CI saw the deadline pass
+				// before the wait showed in pg_stat_activity).
+				wctx, cancel = context.WithTimeout(ctx, 3*time.Second)
 			} else {
 				wctx, cancel = context.WithCancel(ctx)
 			}
