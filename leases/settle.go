@@ -43,6 +43,9 @@ const destroyTimeout = time.Second
 // queryGrant runs query, a grant, on a connection of its own and scans its
 // one row into dest, settling the statement if ctx ends first (see above).
 func (c *Client) queryGrant(ctx context.Context, query string, args []any, dest ...any) error {
+	if ctx.Done() == nil { // it never ends: nothing to settle
+		return c.q.QueryRow(ctx, query, args...).Scan(dest...)
+	}
 	if c.pool != nil {
 		return c.queryGrantPgx(ctx, query, args, dest)
 	}

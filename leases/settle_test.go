@@ -41,11 +41,16 @@ var semaphoreTake = struct {
 }}
 
 // clientOver returns a client over url through driver ("pgx": a pgx
-// pool; "database/sql": pgx's stdlib driver), closed when t ends.
+// pool; "pgbouncer": a pgx pool through PgBouncer in transaction pooling;
+// "database/sql": pgx's stdlib driver), closed when t ends.
 func clientOver(t *testing.T, driver, url string) *Client {
 	t.Helper()
-	if driver == "pgx" {
+	switch driver {
+	case "pgx":
 		return newClient(t, pgtest.PoolFor(t, url))
+	case "pgbouncer":
+		b := pgtest.StartPgBouncer(t, url, pgtest.TransactionPooling)
+		return newClient(t, pgtest.PoolFor(t, b.URL("postgres")+"&default_query_exec_mode=exec"))
 	}
 	db, err := sql.Open("pgx", url)
 	if err != nil {
@@ -153,11 +158,12 @@ func standbyBack(t *testing.T, ctx context.Context, admin *pgxpool.Pool) {
 // has committed locally and says so in a warning. Closing the connection
 // at the end of ctx lost that answer, and the lease stayed held for its
 // TTL by an owner nobody knew. The call must return the lease instead, or
-// an error with nothing held.
+// an error with nothing held; through PgBouncer too, which passes the
+// cancel request on to the server connection the grant runs on.
 func TestCancelledGrantCommitted(t *testing.T) {
 	t.Parallel()
 	for _, tk := range append(takes, semaphoreTake) {
-		for _, driver := range []string{"pgx", "database/sql"} {
+		for _, driver := range []string{"pgx", "pgbouncer", "database/sql"} {
 			t.Run(tk.name+"/"+driver, func(t *testing.T) {
 				t.Parallel()
 				url, admin, ctx := standbyDown(t)
