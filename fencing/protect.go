@@ -34,7 +34,8 @@ const maxIdentifier = 63
 // the database's error, wrapped: SQLSTATE 42P01 (no such table), 3F000 (no
 // such schema — the table's, or pgfence's when `pgfence migrate up` has not
 // run), 42703 (no fence column), 42804 (fence is not bigint), 42809 (not a
-// table), 42501 (not the table's owner). On error nothing changed.
+// table), 42501 (not the table's owner, or not a pgfence_client). On
+// error nothing changed.
 //
 // Protect covers the table and every table below it: partitions and
 // inheritance children. The row trigger reaches future partitions by
@@ -44,7 +45,8 @@ const maxIdentifier = 63
 // tables left unguarded).
 //
 // Protect is safe to repeat: it replaces the triggers. It needs a role that
-// owns the table; ctx bounds the single statement it runs.
+// owns the table and is a pgfence_client (migration 13; before it, the
+// role that ran the migrations); ctx bounds the single statement it runs.
 func Protect(ctx context.Context, db DB, table string) error {
 	id, err := splitTable(table)
 	if err != nil {

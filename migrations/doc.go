@@ -43,7 +43,10 @@
 // too (for roles created after the migrations). Migration 12 adds the
 // procedure pgfence.declare(lease, fence): the same declaration, run by
 // CALL, which PostgreSQL neither plans nor answers with a row; package
-// fencing declares with it and needs migration 12.
+// fencing declares with it and needs migration 12. Migration 13 lets a
+// table's owner that is a pgfence_client protect it (before, only the
+// migration role could), and revokes write privileges on pgfence's tables
+// granted on columns, which migration 4 missed.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.

@@ -4,12 +4,39 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
+
+// upTo applies migrations 1 to v to conn's database, as the migrations of
+// that release would, bookkeeping included: migrations.Up then goes on
+// from v.
+func upTo(t *testing.T, ctx context.Context, conn *pgx.Conn, v int) {
+	t.Helper()
+	for i := 1; i <= v; i++ {
+		names, err := fs.Glob(migrations.FS, fmt.Sprintf("%06d_*.up.sql", i))
+		if err != nil || len(names) != 1 {
+			t.Fatalf("migration %d: %v, %v", i, names, err)
+		}
+		sql, err := fs.ReadFile(migrations.FS, names[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, string(sql)); err != nil {
+			t.Fatalf("%s: %v", names[0], err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE `+migrations.Table+` (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+INSERT INTO `+migrations.Table+` VALUES (`+strconv.Itoa(v)+`, false)`); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // TestFenceKeyUpgradeWaitsForFencedTransactions: migration 9 re-keys the
 // fence lock. A fenced transaction open when it runs holds the lock under
@@ -24,22 +51,8 @@ func TestFenceKeyUpgradeWaitsForFencedTransactions(t *testing.T) {
 	u := pgtest.EmptyURL(t)
 	admin := connect(t, u)
 	// Version 8, as the migrations before this one leave it.
-	for v := 1; v <= 8; v++ {
-		names, err := fs.Glob(migrations.FS, fmt.Sprintf("%06d_*.up.sql", v))
-		if err != nil || len(names) != 1 {
-			t.Fatalf("migration %d: %v, %v", v, names, err)
-		}
-		sql, err := fs.ReadFile(migrations.FS, names[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.Exec(ctx, string(sql)); err != nil {
-			t.Fatalf("%s: %v", names[0], err)
-		}
-	}
+	upTo(t, ctx, admin, 8)
 	if _, err := admin.Exec(ctx, `
-CREATE TABLE `+migrations.Table+` (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
-INSERT INTO `+migrations.Table+` VALUES (8, false);
 CREATE TABLE accounts (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0);
 SELECT pgfence.protect('accounts');`); err != nil {
 		t.Fatal(err)

@@ -83,9 +83,9 @@ func TestGrantRolesRestoresEveryPrivilege(t *testing.T) {
 }
 
 // TestNothingIsPublics: PUBLIC may use nothing in schema pgfence but
-// protect (any table owner may guard a table) — not by a grant, and not by
-// PostgreSQL's default for a routine that was never granted or revoked
-// (EXECUTE for PUBLIC).
+// protect (which only a pgfence_client can run to its end) — not by a
+// grant, and not by PostgreSQL's default for a routine that was never
+// granted or revoked (EXECUTE for PUBLIC).
 func TestNothingIsPublics(t *testing.T) {
 	t.Parallel()
 	conn := connect(t, pgtest.URL(t))

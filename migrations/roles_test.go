@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,19 +22,28 @@ import (
 // to log in as it.
 func loginRole(t *testing.T, u, member string) string {
 	t.Helper()
+	_, ru := newRole(t, u,
+		`GRANT `+pgx.Identifier{member}.Sanitize()+` TO {role}`,
+		`CREATE TABLE mine (id int PRIMARY KEY, v text, fence bigint NOT NULL DEFAULT 0)`,
+		`SELECT pgfence.protect('mine')`,
+		`GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON mine TO {role}`)
+	return ru
+}
+
+// newRole creates a login role with a random name and runs each statement
+// of setup as u's user, with {role} replaced by the role's quoted name;
+// the role, and everything it owns, is dropped when t ends. It returns the
+// quoted name and u rewritten to log in as the role.
+func newRole(t *testing.T, u string, setup ...string) (id, roleURL string) {
+	t.Helper()
 	ctx := context.Background()
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	name := "pgfence_app_" + hex.EncodeToString(b)
-	id := pgx.Identifier{name}.Sanitize()
+	id = pgx.Identifier{name}.Sanitize()
 	admin := connect(t, u)
-	for _, q := range []string{
-		`CREATE ROLE ` + id + ` LOGIN`,
-		`GRANT ` + pgx.Identifier{member}.Sanitize() + ` TO ` + id,
-		`CREATE TABLE mine (id int PRIMARY KEY, v text, fence bigint NOT NULL DEFAULT 0)`,
-		`SELECT pgfence.protect('mine')`,
-		`GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON mine TO ` + id,
-	} {
+	for _, q := range append([]string{`CREATE ROLE {role} LOGIN`}, setup...) {
+		q = strings.ReplaceAll(q, "{role}", id)
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
@@ -58,7 +68,7 @@ func loginRole(t *testing.T, u, member string) string {
 		t.Fatal(err)
 	}
 	ru.User = url.User(name)
-	return ru.String()
+	return id, ru.String()
 }
 
 func sqlstateOf(err error) string {
