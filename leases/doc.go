@@ -173,7 +173,8 @@
 //   - ForceRelease (the operator's break-glass) expires the grant now and
 //     notifies. PostgreSQL may grant the lease again at once, while the old
 //     holder learns at its next renewal (TTL/3 at most; about a round trip
-//     if its client has a listener, as Lead's does). During that window
+//     if its client has a listener, as Lead's does; at once if its own
+//     client is granted the lease again). During that window
 //     only fences protect: use it when the holder is stuck, not as a
 //     routine hand-over.
 //   - Caller gives up during a grant (ctx ends while the statement runs):

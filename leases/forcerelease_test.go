@@ -186,3 +186,46 @@ func TestFenceHoldersNamesAnOpenFencedWriter(t *testing.T) {
 		t.Fatalf("fence-lock holders after COMMIT = %+v, %v; want none", bs, err)
 	}
 }
+
+// TestRegrantLosesTheOldLease (scenario: an operator force-releases a
+// lease, and the same client is granted it again before its keepalive's
+// next renewal would learn of the force-release). The new grant proves the
+// old one over: the old Lease is lost when the new one is returned — not
+// left unrenewed until its local deadline, nor, if Close comes first,
+// alive for ever — and the new one is the client's.
+func TestRegrantLosesTheOldLease(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	// No listener: only a renewal, TTL/3 = 20s away, would tell c.
+	c := newClient(t, pgtest.PoolFor(t, url), WithNotifications(false))
+	admin := newClient(t, pgtest.PoolFor(t, url))
+	ctx := testContext(t)
+	old, err := c.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ForceRelease(ctx, "job"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-old.Done():
+	default:
+		t.Fatalf("the old lease (fence %d) is still held beside its new grant (fence %d)", old.Fence(), l.Fence())
+	}
+	if !errors.Is(old.Err(), ErrLost) {
+		t.Errorf("old lease: %v, want ErrLost", old.Err())
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("new lease: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(l.Err(), ErrReleased) {
+		t.Errorf("new lease after Close: %v, want ErrReleased", l.Err())
+	}
+}

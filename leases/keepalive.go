@@ -28,19 +28,28 @@ const (
 
 // register starts keeping l alive: l was granted by a request that began
 // at start. It fails with ErrClosed if Close has begun (the caller then
-// releases the grant).
+// releases the grant). A lease of the same name this client still held is
+// lost: the new grant proves its grant over (force-released, and granted
+// again before its holder's next renewal learned of it), and left in
+// place it would be renewed no more, nor ended by Close.
 func (c *Client) register(l *Lease, start time.Time) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.isClosed() {
+		c.mu.Unlock()
 		return ErrClosed
 	}
+	old := c.held[l.name]
 	c.setDeadlineLocked(l, start.Add(l.ttl-margin(l.ttl)))
 	l.nextRenew = start.Add(l.ttl / 3)
 	c.held[l.name] = l
 	if c.nextDue.IsZero() || l.nextRenew.Before(c.nextDue) {
 		c.nextDue = l.nextRenew
 		c.kickKeepalive()
+	}
+	c.mu.Unlock()
+	if old != nil && old != l {
+		c.lose(old, lostForceReleased, fmt.Errorf("lease %q (fence %d): granted again (fence %d), so its grant is over: %w",
+			old.name, old.fence, l.fence, ErrLost), false)
 	}
 	return nil
 }
