@@ -18,8 +18,11 @@ import (
 // It returns nil on success; an error wrapping ErrInvalid (and changes
 // nothing) for ttl < MinTTL; an error wrapping ErrLost (and the lease is
 // lost) if the grant is gone; Err() if the lease is no longer held; and
-// another error if PostgreSQL could not be reached — the lease then keeps
-// its old TTL and stays held until its old local deadline. Safe to repeat.
+// another error if PostgreSQL could not be reached or ctx ended. A longer
+// ttl then changed nothing here; a shorter one may have been committed
+// all the same (an answer lost is not a statement undone), so the lease
+// keeps it as if it had: renewed with ttl, its local deadline from this
+// request. Safe to repeat.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := validateTTL(ttl); err != nil {
 		return err
@@ -31,6 +34,24 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	defer l.renewMu.Unlock()
 	c := l.c
 	start := time.Now()
+	c.mu.Lock()
+	if l.state == stateHeld && ttl < l.ttl {
+		// Shorter: kept from now on, whatever the answer (see above).
+		// The server's expires_at is then this request's, or a later
+		// one's, or the old one: each after this deadline.
+		l.ttl = ttl
+		if d := start.Add(ttl - margin(ttl)); d.Before(l.deadline) {
+			c.setDeadlineLocked(l, d)
+		}
+		if next := start.Add(ttl / 3); next.Before(l.nextRenew) {
+			l.nextRenew = next
+			if c.nextDue.IsZero() || next.Before(c.nextDue) {
+				c.nextDue = next
+				c.kickKeepalive()
+			}
+		}
+	}
+	c.mu.Unlock()
 	var expiresAt *time.Time
 	ctx, span := c.tr.Start(ctx, spanRenew, l.name, l.fence)
 	err := c.q.QueryRow(ctx, sqlRenew, l.name, l.owner, l.fence, ttl.Microseconds()).Scan(&expiresAt)

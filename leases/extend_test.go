@@ -1,9 +1,12 @@
 package leases
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // Extend to a longer TTL: PostgreSQL's expires_at moves to now + the new
@@ -121,5 +124,65 @@ func TestExtendShorterKeepsRule(t *testing.T) {
 	}
 	if !live || !errors.Is(l2.Err(), ErrLost) {
 		t.Errorf("at the local deadline: server grant live %v, lease %v; want live and ErrLost", live, l2.Err())
+	}
+}
+
+// TestExtendShorterAnswerLost (scenario: Extend to a shorter TTL waits for
+// the lease row's lock — an operator's transaction, a REPEATABLE READ
+// fenced writer — and its context ends first). The statement still runs
+// and commits once the lock is free: the server's expires_at is then the
+// short one. The holder must keep the short TTL too, so that its local
+// deadline stays before the server's expiry and no other client is granted
+// the lease while its Context is alive.
+func TestExtendShorterAnswerLost(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	c := newClient(t, pool)
+	other := newClient(t, pgtest.PoolFor(t, url))
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "job", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(ctx) }()
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM pgfence.leases WHERE name = 'job' FOR SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	const short = 2 * time.Second
+	ectx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = l.Extend(ectx, short)
+	cancel()
+	if err == nil {
+		t.Fatal("Extend returned nil while the row was locked past its context")
+	}
+	if got := l.TTL(); got != short {
+		t.Errorf("after a shorter Extend whose answer was lost, TTL = %v, want %v (it may have committed)", got, short)
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// For 3 TTLs, long past the short expiry the lost statement set: the
+	// lease is either still renewed (nobody else gets it) or lost before
+	// another client is granted it. Polled: only the database can tell.
+	for end := time.Now().Add(3 * short); time.Now().Before(end); {
+		o, err := other.TryAcquire(ctx, "job", time.Minute)
+		if err == nil {
+			if l.Err() == nil {
+				t.Fatalf("another client was granted the lease (fence %d) while the holder's Context (fence %d) is alive", o.Fence(), l.Fence())
+			}
+			return
+		}
+		if !errors.Is(err, ErrHeld) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := l.Err(); err != nil {
+		t.Errorf("lease lost although renewed with the short TTL: %v", err)
 	}
 }
