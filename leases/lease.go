@@ -208,6 +208,16 @@ func (l *Lease) Release(ctx context.Context) error {
 	minHold := l.minHold
 	c.mu.Unlock()
 	end := time.Now()
+	if wasHeld && minHold > 0 {
+		// A renewal of this grant already on its way would land after
+		// the release and move expires_at to its own now + TTL, cutting
+		// the minimum hold short (or stretching it): let it finish
+		// first. No other begins: the lease is off the keepalive's list.
+		// (A plain release needs no wait: it ends the grant, and a
+		// renewal renews only a live one.)
+		l.renewMu.Lock()
+		defer l.renewMu.Unlock()
+	}
 
 	var live *bool
 	var err error

@@ -339,3 +339,81 @@ func TestOnceAtLeastAndInvalid(t *testing.T) {
 		t.Errorf("OnceTx with nil fn = %v, want ErrInvalid", err)
 	}
 }
+
+// heldRenewals is a pgx tracer that holds every batch renewal at its start
+// until proceed is closed, once armed is closed; started gets one value
+// per renewal it holds, and ended one per renewal that returned.
+type heldRenewals struct {
+	armed, proceed chan struct{}
+	started, ended chan struct{}
+}
+
+func (h *heldRenewals) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL != sqlRenewBatch {
+		return ctx
+	}
+	select {
+	case <-h.armed:
+	default:
+		return ctx
+	}
+	h.started <- struct{}{}
+	<-h.proceed
+	return context.WithValue(ctx, heldRenewals{}, true)
+}
+
+func (h *heldRenewals) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(heldRenewals{}) != nil {
+		h.ended <- struct{}{}
+	}
+}
+
+// TestHoldAtLeastBeatsARenewalInFlight (scenario: the keepalive's renewal
+// of a lease is on its way — slow to get a connection, slow on the
+// network — when Release with a minimum hold commits). The renewal must
+// not land after the release: it would set expires_at to its own now +
+// TTL, and another replica could take the lease before the minimum hold.
+func TestHoldAtLeastBeatsARenewalInFlight(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	h := &heldRenewals{armed: make(chan struct{}), proceed: make(chan struct{}),
+		started: make(chan struct{}, 8), ended: make(chan struct{}, 8)}
+	pool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.ConnConfig.Tracer = h })
+	c := newClient(t, pool)
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "tick", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hold = 20 * time.Second
+	if err := l.HoldAtLeast(hold); err != nil {
+		t.Fatal(err)
+	}
+	close(h.armed)
+	select {
+	case <-h.started: // the keepalive's renewal, TTL/3 after the grant, is on its way
+	case <-ctx.Done():
+		t.Fatal("no renewal")
+	}
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	// Let the release commit first if it does not wait for the renewal:
+	// polled, for a second at most (it commits within a round trip).
+	pgtest.Poll(time.Second, func() bool {
+		var held bool
+		err := pool.QueryRow(ctx, `SELECT expires_at - acquired_at >= $1 FROM pgfence.leases WHERE name = 'tick'`, hold).Scan(&held)
+		return err == nil && held
+	})
+	close(h.proceed)
+	<-h.ended
+	if err := <-released; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	var kept time.Duration
+	if err := pool.QueryRow(ctx, `SELECT expires_at - acquired_at FROM pgfence.leases WHERE name = 'tick'`).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept != hold {
+		t.Fatalf("the grant ends %v after acquired_at, want the minimum hold, %v", kept, hold)
+	}
+}
