@@ -23,9 +23,9 @@ func (c *Client) releaseAtLeastSQL() string {
 // whose clock is behind within the same tick. The Lease itself still ends
 // at Release (Context, Done); only the row outlives it. Release then waits
 // for a renewal of the grant already on its way, which would otherwise
-// land after it and move the expiry. 0 (the default)
-// turns it off. Close and a lost lease ignore it. d must be between 0 and
-// 24h; it can be set, and changed, any time before Release.
+// land after it and move the expiry. 0 (the default) turns it off. Close
+// and a lost lease ignore it. d must be between 0 and 24h; it can be set,
+// and changed, any time before Release.
 func (l *Lease) HoldAtLeast(d time.Duration) error {
 	if d < 0 || d > maxHold {
 		return invalid(fmt.Sprintf("leases: minimum hold must be between 0 and %s, got %s", maxHold, d))
