@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,7 +32,20 @@ import (
 type interest struct {
 	conn *pgx.Conn           // nil while no listener runs
 	held map[string]struct{} // names whose wait key conn holds
+	// lost ends the listener's connection too, so that the listener
+	// starts again with a new pair: a closed interest connection holds
+	// no key, and no release would notify this client any more.
+	lost context.CancelCauseFunc
 }
+
+// errInterestLost ends a listener whose interest connection closed.
+var errInterestLost = errors.New("leases: listener: the interest connection closed")
+
+// interestLockTimeout bounds, on the server, the wait of a wait key: a
+// release holds the key for the instant of its commit, but any role may
+// hold it for longer. The wait then fails, leaving the connection usable
+// and the name to polling.
+const interestLockTimeout = "2s"
 
 // waitKey is the second int4 of name's wait key: the high 32 bits of
 // pglock.Key(name), as pgfence.wait_key computes it.
@@ -46,8 +60,11 @@ func (c *Client) wantedLocked(name string) bool {
 }
 
 // want takes name's wait key if a listener runs and it is not yet held.
-// An error leaves the name unregistered: the caller then relies on polling,
-// and the listener, which fails too, re-registers when it reconnects.
+// An error leaves the name unregistered: the caller then relies on polling.
+// If it closed the interest connection (the caller's ctx ended during the
+// statement: pgx closes the connection), the listener starts again and
+// re-registers every name when it has reconnected. The server bounds the
+// wait for the key (interestLockTimeout) without closing anything.
 func (c *Client) want(ctx context.Context, name string) {
 	c.imu.Lock()
 	defer c.imu.Unlock()
@@ -61,6 +78,9 @@ func (c *Client) want(ctx context.Context, name string) {
 	defer cancel()
 	if _, err := c.in.conn.Exec(ctx, sqlWant, []int32{waitKey(name)}); err != nil {
 		c.log.Debug("leases: could not register as waiter; polling", "name", name, "err", err)
+		if c.in.conn.IsClosed() {
+			c.in.lost(errInterestLost)
+		}
 		return
 	}
 	c.in.held[name] = struct{}{}
@@ -92,16 +112,19 @@ func (c *Client) unwantLater(name string) {
 		ctx, cancel := context.WithTimeout(c.shutdown, interestTimeout)
 		defer cancel()
 		if _, err := c.in.conn.Exec(ctx, sqlUnwant, []int32{waitKey(name)}); err != nil {
-			return // the listener replaces a failed connection
+			if c.in.conn.IsClosed() {
+				c.in.lost(errInterestLost) // the listener replaces it
+			}
+			return
 		}
 		delete(c.in.held, name)
 	}()
 }
 
 // startInterest installs conn as the interest connection and takes the
-// wait keys of every wanted name on it. The listener calls it after LISTEN
-// succeeded, before it wakes everyone.
-func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn) error {
+// wait keys of every wanted name on it; lost ends the listener. The
+// listener calls it after LISTEN succeeded, before it wakes everyone.
+func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn, lost context.CancelCauseFunc) error {
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	c.mu.Lock()
@@ -119,10 +142,14 @@ func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn) error {
 	for i, name := range names {
 		keys[i] = waitKey(name)
 	}
+	if _, err := conn.Exec(ctx, `SET lock_timeout = '`+interestLockTimeout+`'`); err != nil {
+		return dbError("listener: set lock_timeout", err)
+	}
 	if _, err := conn.Exec(ctx, sqlWant, keys); err != nil {
 		return dbError("listener: register waiters", err)
 	}
 	c.in.conn = conn
+	c.in.lost = lost
 	c.in.held = make(map[string]struct{}, len(names))
 	for _, name := range names {
 		c.in.held[name] = struct{}{}
@@ -137,6 +164,7 @@ func (c *Client) stopInterest() {
 	defer c.imu.Unlock()
 	c.in.conn = nil
 	c.in.held = nil
+	c.in.lost = nil
 }
 
 // interestTimeout bounds one statement on the interest connection.

@@ -155,17 +155,22 @@ func (c *Client) listenOnce(ctx context.Context) error {
 		return err
 	}
 	defer closeConn(iconn)
-	if err := c.startInterest(ctx, iconn); err != nil {
+	wctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	if err := c.startInterest(ctx, iconn, lost); err != nil {
 		return err
 	}
 	defer c.stopInterest()
 	c.setListening(true)
 	c.wakeAll()
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(wctx)
 		if err != nil {
-			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			switch {
+			case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 				return nil
+			case wctx.Err() != nil:
+				return context.Cause(wctx) // errInterestLost
 			}
 			return dbError("listener: wait for notification", err)
 		}
