@@ -125,16 +125,23 @@ func (c *Client) stopDeadlinesLocked() {
 
 // onDeadlines runs when the timer fires: it takes the leases whose
 // deadline has passed off the heap, re-arms the timer for the next one,
-// and loses them.
+// and loses them. It counts in c.wg, so that Close waits for it; once
+// Close has begun it does nothing (Close ends every lease).
 func (c *Client) onDeadlines() {
 	c.mu.Lock()
+	if c.isClosed() {
+		c.mu.Unlock()
+		return
+	}
+	c.wg.Add(1)
+	defer c.wg.Done()
 	c.dl.armed = time.Time{}
 	now := time.Now()
 	var due []*Lease
 	for len(c.dl.h) > 0 && !now.Before(c.dl.h[0].at) {
 		due = append(due, heap.Pop(&c.dl.h).(*Lease))
 	}
-	if len(c.dl.h) > 0 && !c.isClosed() {
+	if len(c.dl.h) > 0 {
 		c.armLocked(c.dl.h[0].at)
 	}
 	c.mu.Unlock()
