@@ -107,9 +107,11 @@
 // Lease.Extend renews the grant now with a different TTL, longer or
 // shorter. The local deadline is recomputed by the same rule (start of the
 // Extend request + new TTL − new TTL/10) and replaces the old one even
-// when sooner; the keepalive then renews with the new TTL. Renew, Extend
-// and the keepalive's batch are serialised per lease, so the local deadline
-// always follows the renewal PostgreSQL applied last.
+// when sooner; the keepalive then renews with the new TTL. A shorter TTL
+// takes effect here before the request is sent, and stays if its answer
+// is lost: the statement may commit all the same. Renew, Extend and the
+// keepalive's batch are serialised per lease, so the local deadline always
+// falls before the expiry PostgreSQL applied last.
 //
 // # Hand-over
 //
