@@ -186,8 +186,9 @@
 //     sends a cancel request instead and waits for the answer (up to
 //     WithReleaseTimeout): the call returns the lease if the grant
 //     committed first, else ctx's error with nothing held. With no answer
-//     (the server unreachable) the error says the grant is in doubt, and a
-//     grant that committed expires after its TTL.
+//     (the server unreachable; at once if the cancel request could not be
+//     sent) the error says the grant is in doubt, and a grant that
+//     committed expires after its TTL.
 //   - Lease lost at the local deadline: the client expires the grant it may
 //     still own, so that waiters need not wait for the margin to pass.
 //   - Missing or out-of-date schema: errors say "schema pgfence missing

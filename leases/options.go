@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -77,9 +78,11 @@ type hooks struct {
 	onWait func(name string)
 	// listening is closed when LISTEN first succeeds.
 	listening chan struct{}
-	// noCancelRequest simulates a lost cancel request (a proxy that drops
-	// it): a grant whose caller gave up gets no answer from the server.
-	noCancelRequest bool
+	// cancelRequest, if set, replaces the cancel request of a grant whose
+	// caller gave up: returning nil without sending simulates a request
+	// lost on the way (a proxy that drops it), an error one that could
+	// not be sent.
+	cancelRequest func(context.Context) error
 }
 
 // WithDurableRelease makes releases wait for the WAL flush (and for

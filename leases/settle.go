@@ -32,10 +32,6 @@ import (
 // errInDoubt: the server did not answer a grant whose caller gave up.
 var errInDoubt = errors.New("grant in doubt: no answer from the server after the cancellation; if the grant committed, it is held until it expires")
 
-// aLongTimeAgo is a deadline in the past: setting it makes a blocked read
-// fail at once.
-var aLongTimeAgo = time.Unix(1, 0)
-
 // destroyTimeout bounds the polite close (Terminate message) of a
 // connection that is not reused; the socket is closed regardless.
 const destroyTimeout = time.Second
@@ -59,10 +55,12 @@ func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, de
 	}
 	pg := conn.Conn().PgConn()
 	cancelRequest := pg.CancelRequest
-	if c.hooks.noCancelRequest {
-		cancelRequest = func(context.Context) error { return nil } // sent, and lost
+	if c.hooks.cancelRequest != nil {
+		cancelRequest = c.hooks.cancelRequest
 	}
-	cancelled, answered, err := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().SetReadDeadline(aLongTimeAgo) },
+	// fail closes the socket: a read deadline would leave pgx draining
+	// it in the background for up to 15s, past the caller's return.
+	cancelled, answered, err := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().Close() },
 		func() error { return conn.QueryRow(context.WithoutCancel(ctx), query, args...).Scan(dest...) })
 	if !cancelled {
 		conn.Release()
@@ -118,8 +116,9 @@ const otherDriverWait = 250 * time.Millisecond
 
 // settle runs stmt, a grant's statement, under ctx. If ctx ends before
 // stmt returns, it sends the cancel request and waits for stmt, up to the
-// release timeout — or, with no cancel request to send (nil), waits
-// otherDriverWait — then calls fail, which must make stmt return at once.
+// release timeout (not at all if the request could not be sent) — or,
+// with no cancel request to send (nil), waits otherDriverWait — then calls
+// fail, which must make stmt return at once.
 // cancelled says that ctx ended while stmt ran (the connection must then
 // not be reused); answered, that stmt returned before fail.
 func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context) error, fail func(), stmt func() error) (cancelled, answered bool, err error) {
@@ -131,16 +130,22 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 		if cancelRequest == nil {
 			wait = min(wait, otherDriverWait)
 		}
-		wctx, cancel := context.WithTimeout(context.Background(), wait)
-		defer cancel()
-		if cancelRequest != nil {
-			_ = cancelRequest(wctx) // lost or refused: stmt may still end by itself
+		wctx, wcancel := context.WithTimeout(context.Background(), wait)
+		defer wcancel()
+		if cancelRequest != nil && cancelRequest(wctx) != nil {
+			// Not delivered (the server, or the way to it, is down): no
+			// answer will come that the statement has not given yet.
+			wcancel()
+		}
+		select {
+		case <-finished:
+		case <-wctx.Done():
 		}
 		select {
 		case <-finished:
 			answered = true
 			return
-		case <-wctx.Done():
+		default:
 		}
 		fail()
 		<-finished

@@ -244,40 +244,58 @@ func TestCancelledGrantWaiting(t *testing.T) {
 }
 
 // TestCancelledGrantUnanswered (scenario: as TestCancelledGrantCommitted,
-// but the cancel request is lost, as through a proxy that drops it). The
-// call still returns, after the release timeout, with ctx's error saying
-// that the grant is in doubt, logs it, and leaves no connection acquired
+// but the cancel request is lost, as through a proxy that drops it, or
+// cannot be sent, as when the server or the way to it is down). The call
+// still returns with ctx's error saying that the grant is in doubt, and
+// logs it: after the release timeout when the request may have been
+// delivered, at once when it was not. It leaves no connection acquired
 // (newClient checks) or goroutine behind (TestMain checks).
 func TestCancelledGrantUnanswered(t *testing.T) {
 	t.Parallel()
-	url, admin, ctx := standbyDown(t)
-	var logs syncBuffer
-	const wait = 500 * time.Millisecond
-	c := newClient(t, pgtest.PoolFor(t, url), WithReleaseTimeout(wait),
-		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	c.hooks.noCancelRequest = true
+	for _, tc := range []struct {
+		name          string
+		cancelRequest func(context.Context) error
+	}{
+		{"lost", func(context.Context) error { return nil }},
+		{"not sent", func(context.Context) error { return errors.New("connection refused") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url, admin, ctx := standbyDown(t)
+			var logs syncBuffer
+			const wait = 3 * time.Second
+			c := newClient(t, pgtest.PoolFor(t, url), WithReleaseTimeout(wait),
+				WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			c.hooks.cancelRequest = tc.cancelRequest
 
-	var cancelled time.Time
-	r := takeUntilCancelled(t, ctx, c, takes[0].take, "the grant's commit to wait for the standby", func() bool {
-		if grantRunning(t, ctx, admin, "SyncRep") == 0 {
-			return false
-		}
-		cancelled = time.Now()
-		return true
-	})
-	took := time.Since(cancelled)
-	if !errors.Is(r.err, context.Canceled) || !errors.Is(r.err, errInDoubt) {
-		t.Fatalf("TryAcquire = %v, %v; want an error matching context.Canceled and errInDoubt", r.l, r.err)
+			var cancelled time.Time
+			r := takeUntilCancelled(t, ctx, c, takes[0].take, "the grant's commit to wait for the standby", func() bool {
+				if grantRunning(t, ctx, admin, "SyncRep") == 0 {
+					return false
+				}
+				cancelled = time.Now()
+				return true
+			})
+			took := time.Since(cancelled)
+			if !errors.Is(r.err, context.Canceled) || !errors.Is(r.err, errInDoubt) {
+				t.Fatalf("TryAcquire = %v, %v; want an error matching context.Canceled and errInDoubt", r.l, r.err)
+			}
+			// Bounds: the release timeout when the request may have
+			// arrived, with a loaded machine's slack above it; well
+			// below it when it was not sent.
+			if tc.name == "lost" && (took < wait || took > wait+10*time.Second) {
+				t.Errorf("TryAcquire returned %v after its context ended; want the release timeout, %v", took, wait)
+			}
+			if tc.name == "not sent" && took >= wait {
+				t.Errorf("TryAcquire returned %v after its context ended, with no cancel request sent; want well below the release timeout, %v", took, wait)
+			}
+			if !strings.Contains(logs.String(), "a cancelled grant is in doubt") {
+				t.Errorf("nothing logged about the grant in doubt: %q", logs.String())
+			}
+			standbyBack(t, ctx, admin)
+			pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
+		})
 	}
-	// Bounds: the release timeout, and a loaded machine's slack above it.
-	if took < wait || took > wait+10*time.Second {
-		t.Errorf("TryAcquire returned %v after its context ended; want the release timeout, %v", took, wait)
-	}
-	if !strings.Contains(logs.String(), "a cancelled grant is in doubt") {
-		t.Errorf("nothing logged about the grant in doubt: %q", logs.String())
-	}
-	standbyBack(t, ctx, admin)
-	pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
 }
 
 // syncBuffer is a log destination safe for concurrent use.
