@@ -170,10 +170,12 @@ func (c *Client) gaveUp(ctx context.Context, op, owner string, err error) error 
 	return fmt.Errorf("leases: %s: %w", op, context.Cause(ctx))
 }
 
-// destroy takes conn out of the pool and closes it.
+// destroy takes conn out of the pool and closes it, and its socket, which
+// ends a background drain pgx may have begun (see pglock's destroy).
 func destroy(conn *pgxpool.Conn) {
 	pc := conn.Hijack()
 	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
 	defer cancel()
 	_ = pc.Close(ctx)
+	_ = pc.PgConn().Conn().Close()
 }

@@ -304,7 +304,12 @@ func (l *Locker) destroy(conn *pgxpool.Conn, name, why string) {
 	pid := conn.Conn().PgConn().PID()
 	c := conn.Hijack()
 	ctx, cancel := context.WithTimeout(context.Background(), destroyCloseTimeout)
-	_ = c.Close(ctx) // the socket is closed even if this reports an error
+	_ = c.Close(ctx)
 	cancel()
+	// A connection pgx already gave up on (a failed liveness probe, a
+	// cancelled statement) is closed by a goroutine of pgx's that first
+	// drains the socket, for up to 15s when the server is cut off:
+	// closing the socket ends it now, with the Lock.
+	_ = c.PgConn().Conn().Close()
 	l.tel.destroyed(name, pid, why)
 }
