@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbx"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // A grant is a write. If its caller gives up while the statement runs,
@@ -67,10 +68,7 @@ func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, de
 		return err
 	}
 	destroy(conn)
-	if !answered {
-		return errInDoubt
-	}
-	return err
+	return settled(answered, err)
 }
 
 func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, dest []any) error {
@@ -100,7 +98,15 @@ func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, des
 	// driver connection instead of returning it to db's pool.
 	_ = sc.Raw(func(any) error { return driver.ErrBadConn })
 	_ = sc.Close()
-	if !answered {
+	return settled(answered, err)
+}
+
+// settled is the outcome of a grant's statement that ctx ended while it
+// ran: err, if the server answered it — a row, or an error of the
+// server's (the cancel request's, most often) — else errInDoubt: fail
+// cut it short, or the connection broke before the answer came.
+func settled(answered bool, err error) error {
+	if !answered || err != nil && pgerr.Code(err) == "" && !errors.Is(err, errNoRows) {
 		return errInDoubt
 	}
 	return err

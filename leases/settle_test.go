@@ -5,12 +5,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -314,4 +316,26 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestSettled: the outcome of a grant whose context ended while it ran is
+// the server's answer, or in doubt when there was none.
+func TestSettled(t *testing.T) {
+	cancelled := &pgconn.PgError{Code: "57014"}
+	for _, tc := range []struct {
+		answered bool
+		err      error
+		want     error
+	}{
+		{true, nil, nil},
+		{true, cancelled, cancelled},
+		{true, errNoRows, errNoRows},
+		{false, nil, errInDoubt},
+		{false, cancelled, errInDoubt},
+		{true, io.ErrUnexpectedEOF, errInDoubt}, // the connection broke before the answer
+	} {
+		if got := settled(tc.answered, tc.err); !errors.Is(got, tc.want) || (tc.want == nil) != (got == nil) {
+			t.Errorf("settled(%v, %v) = %v, want %v", tc.answered, tc.err, got, tc.want)
+		}
+	}
 }
