@@ -52,7 +52,11 @@
 //
 // Rule (b) alone stops A once B has written the row; rule (c) also stops A
 // when it writes first — in the window after its lease expired but before
-// B's first write — and for rows B never touches.
+// B's first write — and for rows B never touches. Rule (b) reads whatever
+// fence the row holds, whichever lease wrote it: a row written under two
+// leases sides with the later grant, and a holder of the earlier one gets
+// ErrStale there while its lease is current (fences of different leases
+// follow the clock). Give each protected row one lease.
 //
 // # The fence lock
 //
