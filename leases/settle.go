@@ -2,13 +2,11 @@ package leases
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -32,10 +30,6 @@ import (
 
 // errInDoubt: the server did not answer a grant whose caller gave up.
 var errInDoubt = errors.New("grant in doubt: no answer from the server after the cancellation; if the grant committed, it is held until it expires")
-
-// destroyTimeout bounds the polite close (Terminate message) of a
-// connection that is not reused; the socket is closed regardless.
-const destroyTimeout = time.Second
 
 // queryGrant runs query, a grant, on a connection of its own and scans its
 // one row into dest, settling the statement if ctx ends first (see above).
@@ -67,7 +61,7 @@ func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, de
 		conn.Release()
 		return err
 	}
-	destroy(conn)
+	dbx.Destroy(conn)
 	return settled(answered, err)
 }
 
@@ -94,10 +88,7 @@ func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, des
 		_ = sc.Close()
 		return err
 	}
-	// database/sql has no Hijack: ErrBadConn from Raw makes it close the
-	// driver connection instead of returning it to db's pool.
-	_ = sc.Raw(func(any) error { return driver.ErrBadConn })
-	_ = sc.Close()
+	dbx.Discard(sc)
 	return settled(answered, err)
 }
 
@@ -174,14 +165,4 @@ func (c *Client) gaveUp(ctx context.Context, op, owner string, err error) error 
 		return fmt.Errorf("leases: %s: %w: %w", op, context.Cause(ctx), errInDoubt)
 	}
 	return fmt.Errorf("leases: %s: %w", op, context.Cause(ctx))
-}
-
-// destroy takes conn out of the pool and closes it, and its socket, which
-// ends a background drain pgx may have begun (see pglock's destroy).
-func destroy(conn *pgxpool.Conn) {
-	pc := conn.Hijack()
-	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
-	defer cancel()
-	_ = pc.Close(ctx)
-	_ = pc.PgConn().Conn().Close()
 }

@@ -3,7 +3,6 @@ package pglock
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -157,10 +156,9 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 
 // discard closes sc's driver connection, and so its server session, which
 // releases every session lock it may hold, instead of returning it to
-// db's pool: Raw's ErrBadConn tells database/sql the connection is bad.
+// db's pool (dbx.Discard).
 func (l *Locker) discard(sc *sql.Conn, name string, pid uint32, why string) {
-	_ = sc.Raw(func(any) error { return driver.ErrBadConn })
-	_ = sc.Close() // ErrConnDone: Raw has closed it
+	dbx.Discard(sc)
 	l.tel.destroyed(name, pid, why)
 }
 

@@ -293,23 +293,11 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 	return released, err
 }
 
-// destroyCloseTimeout bounds the polite close (Terminate message) of a
-// destroyed connection; the socket is closed regardless.
-const destroyCloseTimeout = time.Second
-
 // destroy takes conn out of the pool and closes its session, which releases
 // every session-level advisory lock it may hold. It is used whenever the
 // lock state of the session is in doubt.
 func (l *Locker) destroy(conn *pgxpool.Conn, name, why string) {
 	pid := conn.Conn().PgConn().PID()
-	c := conn.Hijack()
-	ctx, cancel := context.WithTimeout(context.Background(), destroyCloseTimeout)
-	_ = c.Close(ctx)
-	cancel()
-	// A connection pgx already gave up on (a failed liveness probe, a
-	// cancelled statement) is closed by a goroutine of pgx's that first
-	// drains the socket, for up to 15s when the server is cut off:
-	// closing the socket ends it now, with the Lock.
-	_ = c.PgConn().Conn().Close()
+	dbx.Destroy(conn) // the socket too: see there
 	l.tel.destroyed(name, pid, why)
 }
