@@ -11,6 +11,21 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
+// acquireHandover starts c.Acquire of "handover" (TTL 30s) in the
+// background; its lease arrives on the channel returned (nil after an
+// error, which fails t).
+func acquireHandover(t *testing.T, ctx context.Context, c *Client) <-chan *Lease {
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "handover", 30*time.Second)
+		if err != nil {
+			t.Errorf("Acquire: %v", err)
+		}
+		got <- l
+	}()
+	return got
+}
+
 // Hand-over on release takes a notification round trip, far below the
 // poll interval: a waiter on another client (another replica) holds the
 // lease soon after the holder releases it.
@@ -29,14 +44,7 @@ func TestHandoverFasterThanPolling(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitListening(t, b)
-	got := make(chan *Lease, 1)
-	go func() {
-		l, err := b.Acquire(ctx, "handover", 30*time.Second)
-		if err != nil {
-			t.Errorf("Acquire: %v", err)
-		}
-		got <- l
-	}()
+	got := acquireHandover(t, ctx, b)
 	<-waiting // b tried once and sleeps
 	begin := time.Now()
 	if err := la.Release(ctx); err != nil {
@@ -54,14 +62,7 @@ func TestHandoverFasterThanPolling(t *testing.T) {
 	}
 
 	// Within one client the release wakes the local waiter directly.
-	local := make(chan *Lease, 1)
-	go func() {
-		l, err := b.Acquire(ctx, "handover", 30*time.Second)
-		if err != nil {
-			t.Errorf("Acquire: %v", err)
-		}
-		local <- l
-	}()
+	local := acquireHandover(t, ctx, b)
 	<-waiting
 	begin = time.Now()
 	if err := lb.Release(ctx); err != nil {
@@ -275,14 +276,7 @@ func TestHandoverAfterInterestLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := make(chan *Lease, 1)
-			go func() {
-				l, err := b.Acquire(ctx, "handover", 30*time.Second)
-				if err != nil {
-					t.Errorf("Acquire: %v", err)
-				}
-				got <- l
-			}()
+			got := acquireHandover(t, ctx, b)
 			<-waiting // b tried once and sleeps
 			// The listener is back with a new interest connection (the
 			// first attempt above found the old one closed).

@@ -20,21 +20,21 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// takes are the calls that grant a lease, for the tests of a grant whose
+// A take is a call that grants a lease, for the tests of a grant whose
 // caller gives up.
-var takes = []struct {
+type take struct {
 	name string
 	take func(ctx context.Context, c *Client) (*Lease, error)
-}{
+}
+
+// takes are the calls that grant the lease "job".
+var takes = []take{
 	{"TryAcquire", func(ctx context.Context, c *Client) (*Lease, error) { return c.TryAcquire(ctx, "job", time.Minute) }},
 	{"Acquire", func(ctx context.Context, c *Client) (*Lease, error) { return c.Acquire(ctx, "job", time.Minute) }},
 }
 
 // semaphoreTake takes a slot of semaphore "job" (lease "job#1").
-var semaphoreTake = struct {
-	name string
-	take func(ctx context.Context, c *Client) (*Lease, error)
-}{"Semaphore.Acquire", func(ctx context.Context, c *Client) (*Lease, error) {
+var semaphoreTake = take{"Semaphore.Acquire", func(ctx context.Context, c *Client) (*Lease, error) {
 	s, err := c.Semaphore("job", 1)
 	if err != nil {
 		return nil, err
@@ -104,15 +104,15 @@ type taken struct {
 	err error
 }
 
-// takeUntilCancelled runs take on c in a goroutine, cancels its context
+// takeUntilCancelled runs call on c in a goroutine, cancels its context
 // once waiting says the grant is under way, and returns its result.
-func takeUntilCancelled(t *testing.T, ctx context.Context, c *Client, take func(context.Context, *Client) (*Lease, error), what string, waiting func() bool) taken {
+func takeUntilCancelled(t *testing.T, ctx context.Context, c *Client, call func(context.Context, *Client) (*Lease, error), what string, waiting func() bool) taken {
 	t.Helper()
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan taken, 1)
 	go func() {
-		l, err := take(gctx, c)
+		l, err := call(gctx, c)
 		done <- taken{l, err}
 	}()
 	pgtest.WaitFor(t, testTimeout, what, waiting)
