@@ -178,7 +178,7 @@ func TestDriversCancelledGrant(t *testing.T) {
 		waiting := func() (bool, error) {
 			var n int
 			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
+  WHERE datname = current_database() AND application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
 			return n > 0, err
 		}
 

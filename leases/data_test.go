@@ -218,12 +218,13 @@ func waitExpired(t *testing.T, pool *pgxpool.Pool, name string) {
 	waitFor(t, pool, `SELECT NOT EXISTS (SELECT FROM pgfence.leases WHERE name = $1 AND expires_at > clock_timestamp())`, name)
 }
 
-// waitLockWait waits until a backend running a statement containing text
-// waits for a lock.
+// waitLockWait waits until a backend in pool's database running a
+// statement containing text waits for a lock.
 func waitLockWait(t *testing.T, pool *pgxpool.Pool, text string) {
 	t.Helper()
 	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pg_stat_activity
-		WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid())`, text)
+		WHERE datname = current_database() AND wait_event_type = 'Lock'
+		  AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid())`, text)
 }
 
 // waitFor polls query (one boolean, argument arg) until it is true.

@@ -74,14 +74,15 @@ func clientOver(t *testing.T, driver, url string) *Client {
 	return c
 }
 
-// grantRunning counts the backends of admin's server that run a grant (of
+// grantRunning counts the backends in admin's database that run a grant (of
 // a lease or of a semaphore's slot) and, if waitEvent is not empty, wait on
 // that event.
 func grantRunning(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waitEvent string) int {
 	t.Helper()
 	var n int
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE state = 'active' AND query IN ($1, $2) AND ($3 = '' OR wait_event = $3)`, sqlGrant, sqlGrantSlot, waitEvent).Scan(&n); err != nil {
+  WHERE datname = current_database() AND state = 'active' AND query IN ($1, $2)
+    AND ($3 = '' OR wait_event = $3)`, sqlGrant, sqlGrantSlot, waitEvent).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
