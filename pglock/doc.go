@@ -76,7 +76,9 @@
 //   - Unlock: the lock is released and the connection returns to the pool;
 //     the Lock's Context ends with cause ErrUnlocked;
 //   - loss: the session died or stopped answering; the Context ends with
-//     cause ErrLost, and Unlock then returns an error wrapping ErrLost.
+//     cause ErrLost, and Unlock then returns an error wrapping ErrLost. An
+//     Unlock that finds the session gone before the monitor did reports
+//     the loss the same way.
 //
 // The Context ending (Done closing) is the signal to stop the critical
 // section. Do ties this to fn's context.

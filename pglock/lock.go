@@ -3,12 +3,15 @@ package pglock
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbx"
@@ -155,9 +158,12 @@ func (lk *Lock) Err() error { return context.Cause(lk.Context()) }
 // when Unlock returns the lock is no longer held by this process and its
 // Context has ended.
 //
-// Unlock after the lock was lost returns an error wrapping ErrLost. Unlock
-// is safe to call more than once and concurrently: only the first call does
-// any work, and every call returns the first call's result.
+// Unlock after the lock was lost returns an error wrapping ErrLost, and so
+// does an Unlock whose round trip finds the session gone (terminated, or
+// its connection broken) before the monitor noticed: the lock was lost at
+// some moment before, and its Context ends with ErrLost. Unlock is safe to
+// call more than once and concurrently: only the first call does any work,
+// and every call returns the first call's result.
 func (lk *Lock) Unlock(ctx context.Context) error {
 	if lk == nil {
 		return invalid("lock", "is nil")
@@ -181,6 +187,14 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	}
 	released, err := unlockKeys(ctx, lk.session(), lk.keys, lk.shared)
 	switch {
+	case err != nil && ctx.Err() == nil && !statementError(err):
+		// The session was gone before the unlock reached it (terminated,
+		// or its connection broken) and the monitor had not seen it yet:
+		// the lock was lost, nobody knows when.
+		lk.drop("session gone at unlock")
+		lk.l.tel.lost(lk, lostSessionEnded, err)
+		lk.cancel(ErrLost)
+		return lk.opErr("unlock", fmt.Errorf("%w: %w", ErrLost, err))
 	case err != nil:
 		lk.drop("unlock failed")
 		lk.l.tel.unlocked(lk)
@@ -199,6 +213,15 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	lk.l.tel.unlocked(lk)
 	lk.cancel(ErrUnlocked)
 	return nil
+}
+
+// statementError reports whether err is an error of the statement that a
+// live session answered (severity ERROR), after which the session still
+// held its locks. Any other error — FATAL, a broken connection, or another
+// driver's error — is taken to mean that the session is gone.
+func statementError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR"
 }
 
 // session is the pinned session, over pgx or database/sql.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -269,4 +270,86 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertIdle(t, direct)
+}
+
+// killAndSteal terminates the backend holding name, waits until it has
+// exited, and takes name with other: the hold it ended is then no longer
+// exclusive.
+func killAndSteal(t *testing.T, ctx context.Context, pool *pgxpool.Pool, other *Locker, name string) {
+	t.Helper()
+	var pid int32
+	k := uint64(Key(name))
+	if err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB,
+		int64(k>>32), int64(uint32(k))).Scan(&pid); err != nil {
+		t.Fatalf("find the holder: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the terminated backend to exit", func() bool { return !backendAlive(t, pool, uint32(pid)) })
+	thief, err := other.TryLock(ctx, name)
+	if err != nil {
+		t.Fatalf("another session's TryLock after the holder's session died: %v", err)
+	}
+	if err := thief.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnlockAfterUnnoticedKill (scenario: the holder's session is
+// terminated, and another session takes the lock, before the monitor has
+// seen it: a hold shorter than the monitor's first watch, 50ms over pgx,
+// or than the liveness interval over database/sql — where short critical
+// sections live). Unlock then finds the session gone: it must report the
+// loss (ErrLost, for Unlock, the Context and Do), not a failed unlock of a
+// lock held to the end.
+func TestUnlockAfterUnnoticedKill(t *testing.T) {
+	t.Parallel()
+	t.Run("Unlock", func(t *testing.T) {
+		t.Parallel()
+		pool, l := setup(t)
+		other := newLocker(t, pool)
+		ctx := testContext(t)
+		lk, err := l.Lock(ctx, "early")
+		if err != nil {
+			t.Fatal(err)
+		}
+		killAndSteal(t, ctx, pool, other, "early")
+		if err := lk.Unlock(ctx); !errors.Is(err, ErrLost) || !errors.Is(lk.Err(), ErrLost) {
+			t.Errorf("Unlock = %v, Err = %v; want both ErrLost: the session died while the lock was held", err, lk.Err())
+		}
+		assertIdle(t, pool)
+	})
+	for _, driver := range []string{"pgx", "database/sql"} {
+		t.Run("Do/"+driver, func(t *testing.T) {
+			t.Parallel()
+			pool, l := setup(t)
+			if driver == "database/sql" {
+				l = dbLocker(t, pool)
+			}
+			other := newLocker(t, pool)
+			ctx := testContext(t)
+			err := l.Do(ctx, "short-job", func(ctx context.Context, _ *Lock) error {
+				killAndSteal(t, ctx, pool, other, "short-job")
+				return nil
+			})
+			if !errors.Is(err, ErrLost) {
+				t.Errorf("Do = %v, want an error wrapping ErrLost: another session took the lock while fn ran", err)
+			}
+			assertIdle(t, pool)
+		})
+	}
+}
+
+// dbLocker returns a Locker over database/sql (pgx's stdlib driver) on
+// pool's database, closed when the test ends.
+func dbLocker(t *testing.T, pool *pgxpool.Pool) *Locker {
+	t.Helper()
+	db := stdlib.OpenDB(*pool.Config().ConnConfig.Copy())
+	t.Cleanup(func() { _ = db.Close() })
+	l, err := NewDB(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
