@@ -189,7 +189,7 @@ func tryXactLockAll(ctx context.Context, tx pgx.Tx, keys []int64) (bool, error) 
 		return false, fmt.Errorf("savepoint: %w", err)
 	}
 	var taken int32
-	err = sp.QueryRow(ctx, sqlTryLockAll, keys, true).Scan(nil, &taken)
+	err = sp.QueryRow(ctx, sqlTryLockAll, keys, true).Scan(nil, &taken, nil)
 	if err == nil && int(taken) == len(keys) {
 		if err := sp.Commit(ctx); err != nil {
 			return false, fmt.Errorf("release savepoint: %w", err)

@@ -97,12 +97,8 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		return nil, s.opErr(m.op, err)
 	case taken < len(s.keys):
 		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
-		herr, gaveBack := refusal(ctx, q, s, taken, m.op)
-		if gaveBack {
-			_ = sc.Close()
-		} else {
-			l.discard(sc, s.label, pid, "give back failed")
-		}
+		herr := refusal(ctx, q, s, taken, m.op)
+		_ = sc.Close()
 		return nil, herr
 	}
 	lk := newLockDB(l, sc, s, m.shared, pid, time.Now())

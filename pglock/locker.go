@@ -212,12 +212,20 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 
 // try tries the session locks keys (several only exclusive) on q, and
 // returns the answering backend and how many of keys it took: all, or the
-// index of the refused one (those before it are then held). known is the
-// pid of q's session if it is proven (proven.go), or 0.
+// index of the refused one, in which case the session holds none of keys
+// (the statement gave back those taken before it; if it could not, try
+// returns errNotGivenBack). known is the pid of q's session if it is
+// proven (proven.go), or 0.
 func try(ctx context.Context, q dbx.Querier, keys []int64, shared bool, known uint32) (pid uint32, taken int, err error) {
 	if len(keys) > 1 {
-		var n int32
-		err = q.QueryRow(ctx, sqlTryLockAll, keys, false).Scan(&pid, &n)
+		var (
+			n        int32
+			gaveBack *bool
+		)
+		err = q.QueryRow(ctx, sqlTryLockAll, keys, false).Scan(&pid, &n, &gaveBack)
+		if err == nil && gaveBack != nil && !*gaveBack {
+			err = errNotGivenBack
+		}
 		return pid, int(n), err
 	}
 	granted := false
@@ -242,23 +250,17 @@ func try(ctx context.Context, q dbx.Querier, keys []int64, shared bool, known ui
 	return pid, 1, err
 }
 
-// refused ends a try that PostgreSQL refused at s.keys[taken], after it
-// granted the keys before that one: see refusal; it then returns conn, or
-// destroys it if giving the keys back was not confirmed.
+// refused ends a try that PostgreSQL refused at s.keys[taken]: see
+// refusal; the session holds none of s.keys, and conn goes back.
 func (l *Locker) refused(ctx context.Context, conn *pgxpool.Conn, s lockSet, taken int, op string) error {
-	herr, gaveBack := refusal(ctx, conn, s, taken, op)
-	if gaveBack {
-		conn.Release()
-	} else {
-		l.destroy(conn, s.label, "give back failed")
-	}
+	herr := refusal(ctx, conn, s, taken, op)
+	conn.Release()
 	return herr
 }
 
-// refusal reads, on q, who holds s.keys[taken], and gives back the keys
-// taken before it, reporting whether PostgreSQL confirmed that. It returns
-// the *HeldError (wrapped with the set when the set has several names).
-func refusal(ctx context.Context, q dbx.Querier, s lockSet, taken int, op string) (herr error, gaveBack bool) {
+// refusal reads, on q, who holds s.keys[taken], and returns the
+// *HeldError (wrapped with the set when the set has several names).
+func refusal(ctx context.Context, q dbx.Querier, s lockSet, taken int, op string) error {
 	key := s.keys[taken]
 	// Who holds it is read only now, on this path: the query reads
 	// pg_locks, which would cost every successful try too.
@@ -266,17 +268,17 @@ func refusal(ctx context.Context, q dbx.Querier, s lockSet, taken int, op string
 	if err := q.QueryRow(ctx, sqlHolders, key).Scan(&held); err != nil {
 		held = nil // the error still says it is held; holders unknown
 	}
-	gaveBack = true
-	if taken > 0 {
-		released, err := unlockKeys(ctx, q, s.keys[:taken], false)
-		gaveBack = err == nil && released
-	}
-	herr = &HeldError{Name: s.nameOf(key), Key: key, Holders: decodeHolders(held)}
+	herr := &HeldError{Name: s.nameOf(key), Key: key, Holders: decodeHolders(held)}
 	if len(s.names) > 1 {
-		return s.opErr(op, herr), gaveBack
+		return s.opErr(op, herr)
 	}
-	return herr, gaveBack
+	return herr
 }
+
+// errNotGivenBack: a refused try of several keys could not give back the
+// keys it took before the refused one; the session's lock state is in
+// doubt.
+var errNotGivenBack = errors.New("the names taken before the refused one were not all given back")
 
 // unlockKeys releases the session locks keys (several only exclusive) held
 // by conn's session, and reports whether PostgreSQL confirmed that the

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgcluster"
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -188,5 +189,61 @@ func mustExec(t *testing.T, conn *pgx.Conn, sql string, args ...any) {
 	t.Helper()
 	if _, err := conn.Exec(testContext(t), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestTryLockAllRefusedBehindTransactionPooler (scenario: a TryLockAll
+// through PgBouncer in transaction mode takes the first name of a set,
+// then finds the second held). The names taken before the refused one must
+// be given back on the server session that took them; a give-back sent as
+// a statement of its own went, with round-robin server connections, to
+// another server session, and the first name stayed held by a session the
+// pooler hands to other clients.
+func TestTryLockAllRefusedBehindTransactionPooler(t *testing.T) {
+	t.Parallel()
+	u := pgtest.URL(t)
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := pgtest.StartPgBouncer(t, u, pgcluster.TransactionPooling,
+		pgtest.WithBouncerSetting("default_pool_size", "3"),
+		pgtest.WithBouncerSetting("server_round_robin", "1"))
+	bu := b.URL(cfg.Database) + "&default_query_exec_mode=exec"
+	ctx := testContext(t)
+	// Three server sessions in PgBouncer's pool, each statement of one
+	// client going to the next.
+	var txs []pgx.Tx
+	for range 3 {
+		tx, err := connect(t, bu).Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+		txs = append(txs, tx)
+	}
+	for _, tx := range txs {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	direct := newPool(t, u, 4)
+	names := byKey("pooled-a", "pooled-b")
+	holder, err := newLocker(t, direct).Lock(ctx, names[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Unlock(ctx) }()
+
+	l := newLocker(t, pgtest.PoolFor(t, bu, func(c *pgxpool.Config) { c.MaxConns = 1 }))
+	_, err = l.TryLockAll(ctx, names...)
+	var herr *HeldError
+	if !errors.As(err, &herr) || herr.Name != names[1] {
+		t.Fatalf("TryLockAll = %v, want a *HeldError for %q", err, names[1])
+	}
+	if pids := holders(t, connect(t, u), Key(names[0]), "ExclusiveLock"); len(pids) != 0 {
+		t.Errorf("after the refused TryLockAll, %q is still held by server session(s) %v", names[0], pids)
 	}
 }

@@ -49,10 +49,13 @@ HAVING count(*) > 0`
 	// sqlTryLockAll tries the keys $1 in array order, in transaction scope
 	// if $2 and in session scope otherwise, and stops at the first that is
 	// held elsewhere: a recursive CTE runs one step at a time, each step on
-	// the row the previous one produced. It returns the backend's pid and
-	// how many keys it took: all of them, or the index of the refused one
-	// (the keys before it are then held and must be given back). No row on
-	// a standby.
+	// the row the previous one produced. It returns the backend's pid, how
+	// many keys it took (all of them, or the index of the refused one), and
+	// in session scope whether the keys taken before a refused one were
+	// given back — by the same statement, so on the same server session
+	// even behind a transaction-mode pooler (NULL when there was nothing to
+	// give back; in transaction scope the caller rolls back to a
+	// savepoint). No row on a standby.
 	sqlTryLockAll = `
 WITH RECURSIVE taken(n, ok) AS (
   SELECT 0, true WHERE NOT pg_is_in_recovery()
@@ -61,8 +64,13 @@ WITH RECURSIVE taken(n, ok) AS (
                      ELSE pg_try_advisory_lock(($1::int8[])[n + 1]) END
     FROM taken
    WHERE ok AND n < cardinality($1::int8[])
+), got(n) AS (
+  SELECT max(n) FILTER (WHERE ok) FROM taken HAVING count(*) > 0
 )
-SELECT pg_backend_pid(), max(n) FILTER (WHERE ok) FROM taken HAVING count(*) > 0`
+SELECT pg_backend_pid(), n,
+       (SELECT bool_and(pg_advisory_unlock(($1::int8[])[i])) FROM generate_series(1, n) AS i
+         WHERE NOT $2::boolean AND n < cardinality($1::int8[]))
+  FROM got`
 
 	// Transaction-scoped, on the caller's transaction (no row on a standby,
 	// as above).
