@@ -74,6 +74,43 @@ func TestBeginBeforeMigration12(t *testing.T) {
 	}
 }
 
+// TestFailedDeclarationOnAPoolConnRollsBack (scenario: a worker pins a
+// connection with pool.Acquire and declares on it, in a database without
+// pgfence.declare). A *pgxpool.Conn can BeginTx, so Begin sends BEGIN and
+// the declaration in one message and the failed CALL leaves the
+// connection inside an aborted transaction. Begin and InTx roll it back,
+// as they promise: the pinned connection is idle afterwards and its next
+// statement runs.
+func TestFailedDeclarationOnAPoolConnRollsBack(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	tok := grant(t, pool, "job", time.Minute)
+	mustExec(t, pool, `DROP PROCEDURE pgfence.declare(text, bigint)`)
+	c, err := pool.Acquire(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	wantIdle := func(what string, err error) {
+		t.Helper()
+		wantCode(t, err, "42883")
+		if s := c.Conn().PgConn().TxStatus(); s != 'I' {
+			t.Fatalf("after the failed %s on a *pgxpool.Conn: transaction status %q, want idle", what, s)
+		}
+		if _, err := c.Exec(bg, `SELECT 1`); err != nil {
+			t.Fatalf("the next statement after the failed %s: %v", what, err)
+		}
+	}
+
+	err = fencing.InTx(bg, c, tok, func(pgx.Tx) error {
+		t.Error("InTx ran fn without a declaration")
+		return nil
+	})
+	wantIdle("InTx", err)
+	_, err = fencing.Begin(bg, c, tok)
+	wantIdle("Begin", err)
+}
+
 // TestDeclareInEveryExecMode: the declaration, a CALL with parameters on a
 // pgx.Tx, works in each of pgx's query exec modes (a pooler needs one of
 // the modes without prepared statements, docs/production.md), and so does

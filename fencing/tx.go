@@ -72,9 +72,9 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	if b, ok := db.(txBeginner); ok {
 		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(sqlBeginDeclare, quoteLease(tok.Lease), tok.Fence)})
 		if err != nil {
-			if conn, ok := db.(*pgx.Conn); ok && conn.PgConn().TxStatus() != 'I' {
+			if conn := connOf(db); conn != nil && conn.PgConn().TxStatus() != 'I' {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-				_, _ = conn.Exec(rctx, "ROLLBACK")
+				_, _ = conn.Exec(rctx, "ROLLBACK") // the declaration's failure matters more
 				cancel()
 			} // a pool discards a connection left inside a transaction
 			return nil, fmt.Errorf("fencing: begin with token %v%s: %w", tok, notMigrated(err), err)
@@ -116,6 +116,19 @@ func checkBegin(ctx context.Context, db any, tok Token) error {
 // txBeginner is a DB that can open a transaction with a custom BEGIN.
 type txBeginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// connOf returns the connection under db if db exposes one — a *pgx.Conn,
+// a *pgxpool.Conn, any handle with a Conn() *pgx.Conn method — or nil (a
+// *pgxpool.Pool, whose BeginTx releases the connection it acquired).
+func connOf(db DB) *pgx.Conn {
+	switch c := db.(type) {
+	case *pgx.Conn:
+		return c
+	case interface{ Conn() *pgx.Conn }:
+		return c.Conn()
+	}
+	return nil
 }
 
 // InTx runs fn in a transaction on db that declares tok (see Begin), and
