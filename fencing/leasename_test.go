@@ -13,12 +13,13 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// TestLeaseNamesReachTheGuardExactly: Begin splices the lease name into its
-// BEGIN message (one round trip, no parameters). Names built to break out
-// of a string constant, or to be read differently with
-// standard_conforming_strings off, must reach the guard byte for byte: the
-// write under the lease's token is accepted, nothing else runs, and the
-// same write under a token whose name differs in one character is not.
+// TestLeaseNamesReachTheGuardExactly: Begin splices an ASCII lease name
+// into its BEGIN message (one round trip, no parameters), and sends any
+// other as a parameter. Names built to break out of a string constant, or
+// to be read differently with standard_conforming_strings off, must reach
+// the guard byte for byte either way: the write under the lease's token is
+// accepted, nothing else runs, and the same write under a token whose name
+// differs in one character is not.
 func TestLeaseNamesReachTheGuardExactly(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -60,12 +61,14 @@ func TestLeaseNamesReachTheGuardExactly(t *testing.T) {
 }
 
 // TestLeaseNamesInALatin1Database: in a database whose encoding is not
-// UTF-8, Begin's Unicode escapes still name the lease the client granted:
-// PostgreSQL converts them into the database's encoding, as it converts the
-// grant's parameters from client_encoding=UTF8. A client left at the
-// database's encoding (pgx's default) sends Go's UTF-8 as LATIN1, so its
-// grant stores another name than the one it declares: its fenced writes
-// are refused, never let through.
+// UTF-8, Begin declares a non-ASCII lease name as the grant sent it, as a
+// parameter, which PostgreSQL converts from client_encoding=UTF8 into the
+// database's encoding: the write under the lease's token goes through, and
+// one under a name a character off is refused. A client left at the
+// database's encoding (pgx's default) sends Go's UTF-8 as LATIN1: its
+// grant and its declarations agree, so its writes go through, but the
+// lease it holds is another name than the one it chose, and a token for
+// that name is refused.
 func TestLeaseNamesInALatin1Database(t *testing.T) {
 	t.Parallel()
 	u := pgtest.EmptyURLEncoded(t, "LATIN1")
@@ -90,8 +93,65 @@ func TestLeaseNamesInALatin1Database(t *testing.T) {
 	wantStale(t, write(pool, fencing.Token{Lease: "ünïcode £ e", Fence: tok.Fence}, 1, "y"))
 
 	tok = grant(t, latin1, "naïve", time.Minute)
-	wantStale(t, write(latin1, tok, 2, "x"))
-	if _, _, ok := item(t, pool, 2); ok {
-		t.Fatal("a write under a mis-encoded lease name went through")
+	if err := write(latin1, tok, 2, "x"); err != nil {
+		t.Fatalf("write under %q through a LATIN1 connection: %v", tok.Lease, err)
+	}
+	wantItem(t, pool, 2, "x", tok.Fence)
+	var stored string
+	if err := pool.QueryRow(bg, `SELECT name FROM pgfence.leases WHERE fence = $1`, tok.Fence).Scan(&stored); err != nil || stored != "naÃ¯ve" {
+		t.Fatalf("lease granted through a LATIN1 connection stored as %q, %v; want the mis-encoded %q", stored, err, "naÃ¯ve")
+	}
+	wantStale(t, write(pool, tok, 2, "y"))
+}
+
+// TestLeaseNamesInASQLASCIIDatabase: a SQL_ASCII database converts
+// nothing; it stores the bytes the client sends. A lease granted there
+// under a non-ASCII name (through parameters, as leases grants) is
+// declared under the same bytes by Begin and InTx on every kind of handle
+// — a pool, a pinned *pgxpool.Conn, a *pgx.Conn, a pgx.Tx — so its writes
+// go through, and a name one character off is still refused. (PostgreSQL
+// cannot convert a Unicode escape to SQL_ASCII: the one-message BEGIN must
+// not spell such a name with them.) An ASCII name with control characters,
+// which that BEGIN does escape, works too.
+func TestLeaseNamesInASQLASCIIDatabase(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptyURLEncoded(t, "SQL_ASCII")
+	if err := migrations.Up(bg, u); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.PoolFor(t, u, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["client_encoding"] = "UTF8" })
+	mustExec(t, pool, createItems)
+	if err := fencing.Protect(bg, pool, "items"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pool.Acquire(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	handles := []struct {
+		name string
+		db   fencing.DB
+	}{{"pool", pool}, {"*pgxpool.Conn", c}, {"*pgx.Conn", c.Conn()}}
+	id := 0
+	for _, name := range []string{"café", "emoji 🦀", "tab\there\x7f"} {
+		tok := grant(t, pool, name, time.Minute)
+		for _, h := range handles {
+			id++
+			if err := write(h.db, tok, id, h.name); err != nil {
+				t.Fatalf("InTx on a %s under %q: %v", h.name, tok.Lease, err)
+			}
+			wantItem(t, pool, id, h.name, tok.Fence)
+		}
+		id++
+		if err := pgx.BeginFunc(bg, pool, func(outer pgx.Tx) error {
+			return write(outer, tok, id, "pgx.Tx")
+		}); err != nil {
+			t.Fatalf("InTx on a pgx.Tx under %q: %v", tok.Lease, err)
+		}
+		wantItem(t, pool, id, "pgx.Tx", tok.Fence)
+		r := []rune(tok.Lease)
+		other := fencing.Token{Lease: string(r[:len(r)-1]) + "X", Fence: tok.Fence}
+		wantStale(t, write(pool, other, id, "other"))
 	}
 }

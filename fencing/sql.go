@@ -29,10 +29,11 @@ const (
 	sqlDeclareToken = `CALL pgfence.declare($1, $2)`
 
 	// sqlBeginDeclare opens a transaction and declares the token in one
-	// round trip (simple protocol, two statements), where db can BeginTx.
-	// It cannot take parameters, so the values are spliced in a form that
-	// no setting can misread: the lease as an escape string constant
-	// (quoteLease), the fence as a decimal integer (%d).
+	// round trip (simple protocol, two statements), where db can BeginTx
+	// and the lease name is ASCII. It cannot take parameters, so the
+	// values are spliced in a form that no setting can misread: the lease
+	// as an escape string constant (quoteLease), the fence as a decimal
+	// integer (%d).
 	sqlBeginDeclare = `BEGIN; CALL pgfence.declare(%s, %d)`
 
 	// sqlProtect installs the guard. $1 = quoted, possibly schema-qualified
@@ -47,8 +48,10 @@ const (
 // escape (\uXXXX, \UXXXXXXXX). An escape string means the same whatever
 // standard_conforming_strings says, an ASCII text the same in every client
 // encoding, and PostgreSQL converts a Unicode escape into the database's
-// encoding. (Hex decoded on the server, as before, cost 7 % of a one-row
-// fenced transaction's server instructions.)
+// encoding — except into SQL_ASCII above U+007F, which is why Begin quotes
+// only ASCII names and declares others as a parameter. (Hex decoded on the
+// server, as before, cost 7 % of a one-row fenced transaction's server
+// instructions.)
 func quoteLease(lease string) string {
 	var b strings.Builder
 	b.Grow(len(lease) + 3)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -50,13 +51,17 @@ const rollbackTimeout = 5 * time.Second
 // other transaction, so a pooled connection never carries it to someone
 // else. A database without migration 12 fails Begin with a message saying
 // to run `pgfence migrate up`. Where db can BeginTx (*pgxpool.Pool,
-// *pgxpool.Conn, *pgx.Conn), BEGIN and the declaration share one round
-// trip; on a pgx.Tx, Begin opens a savepoint and declares in a second one,
-// and the token stays declared until the outer transaction ends. In a
+// *pgxpool.Conn, *pgx.Conn) and the lease name is ASCII, BEGIN and the
+// declaration share one round trip; on a pgx.Tx, Begin opens a savepoint
+// and declares in a second one, and the token stays declared until the
+// outer transaction ends. A name with other characters is declared in a
+// second round trip too, as a parameter: it reaches the server as the
+// grant's name did, in any database encoding (SQL_ASCII included). In a
 // database whose encoding is not UTF-8, connect with client_encoding=UTF8:
-// otherwise pgx sends Go's UTF-8 as the database's encoding, a lease
-// granted under a non-ASCII name is stored under another one than Begin
-// declares, and its writes are refused.
+// otherwise pgx sends Go's UTF-8 as the database's encoding, and a
+// non-ASCII lease name is stored, and declared, as another name than the
+// one the application chose, which clients configured otherwise and the
+// pgfence command do not see.
 //
 // Begin validates tok first (ErrInvalid) and sends nothing if it is
 // invalid; it does not check staleness — the guard does, on each write, so
@@ -69,7 +74,7 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	if err := checkBegin(ctx, db, tok); err != nil {
 		return nil, err
 	}
-	if b, ok := db.(txBeginner); ok {
+	if b, ok := db.(txBeginner); ok && isASCII(tok.Lease) {
 		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(sqlBeginDeclare, quoteLease(tok.Lease), tok.Fence)})
 		if err != nil {
 			if conn := connOf(db); conn != nil && conn.PgConn().TxStatus() != 'I' {
@@ -90,6 +95,18 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 		return nil, fmt.Errorf("fencing: declare token %v%s: %w", tok, notMigrated(err), err)
 	}
 	return tx, nil
+}
+
+// isASCII reports whether s is all ASCII: names that quoteLease spells
+// without escapes above U+007F, which no database encoding refuses
+// (PostgreSQL cannot convert a Unicode escape above it to SQL_ASCII).
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
 }
 
 // notMigrated is what to add to a failed declaration's context when the
