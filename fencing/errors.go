@@ -29,7 +29,8 @@ var ErrNoToken = errors.New("fencing: write to a protected table declares no tok
 // a transaction from Begin return pgx's errors unchanged: match those with
 // IsStale.)
 type StaleError struct {
-	// Token is the token the transaction declared.
+	// Token is the token the rejected write declared: with InTx nested in
+	// another InTx's fn, the inner one's.
 	Token Token
 	// PgError is the guard's rejection. Its Message says which rule
 	// rejected the write; SchemaName and TableName name the table. Through
@@ -77,8 +78,13 @@ func sqlState(err error) string { return dbx.SQLState(err) }
 
 // classify maps the guard's rejections in err to the package's errors:
 // PF001 to a *StaleError, PF002 to an error wrapping ErrNoToken. Any other
-// error (and nil) is returned unchanged.
+// error (and nil) is returned unchanged, and so is one classified already
+// — a nested InTx's, whose *StaleError names the token that was stale.
 func classify(tok Token, err error) error {
+	var stale *StaleError
+	if errors.As(err, &stale) || errors.Is(err, ErrNoToken) {
+		return err
+	}
 	pgErr := dbx.PgError(err)
 	if pgErr == nil {
 		return err

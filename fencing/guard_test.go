@@ -202,6 +202,32 @@ func TestBeginOnTx(t *testing.T) {
 	wantItem(t, pool, 1, "outer", tok.Fence)
 }
 
+// TestNestedInTxStaleErrorNamesItsToken (scenario: InTx under one
+// lease's token calls InTx on its tx — a savepoint — under another
+// lease's, and the inner holder is stale). The outer InTx returns the
+// inner one's *StaleError as it is: errors.As finds the stale token, not
+// the outer, current one, so a caller stops the holder that lost.
+func TestNestedInTxStaleErrorNamesItsToken(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	outer := grant(t, pool, "outer", time.Minute)
+	inner := grant(t, pool, "inner", time.Minute)
+	expire(t, pool, "inner")
+	err := fencing.InTx(bg, pool, outer, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(bg, upsertItem, 1, "outer"); err != nil {
+			return err
+		}
+		return fencing.InTx(bg, tx, inner, func(tx pgx.Tx) error {
+			_, err := tx.Exec(bg, upsertItem, 2, "inner")
+			return err
+		})
+	})
+	wantStaleTx(t, err, inner)
+	if _, _, ok := item(t, pool, 1); ok {
+		t.Fatal("the outer write committed although the nested one was rejected")
+	}
+}
+
 // TestTruncate: TRUNCATE bypasses row triggers, so the guard also runs as
 // a statement trigger: it needs a token, that is current for its lease,
 // and not below any fence in the table.
