@@ -47,8 +47,10 @@
 // TRUNCATE fires no row triggers, so Protect also installs a BEFORE TRUNCATE
 // statement trigger: it applies (a), (c), and (b) against the highest fence
 // in the table and below it; under row-level security it refuses, since the
-// writer cannot see every row it would remove. Protect covers inheritance
-// children and partitions.
+// writer cannot see every row it would remove, and so it does outside READ
+// COMMITTED (SQLSTATE 0A000), since the snapshot hides rows committed after
+// it, which TRUNCATE removes too. Protect covers inheritance children and
+// partitions.
 //
 // Rule (b) alone stops A once B has written the row; rule (c) also stops A
 // when it writes first — in the window after its lease expired but before
@@ -72,7 +74,9 @@
 // both. Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot
 // may predate the grant, so there the guard also share-locks the lease row,
 // and the case surfaces as a serialization failure (SQLSTATE 40001) instead
-// of PF001; the write does not commit either way.
+// of PF001; the write does not commit either way. So does any change to the
+// lease row after the snapshot — the holder's own renewal included, which
+// is not a loss: retry the transaction.
 //
 // An advisory lock lives in the lock manager: many writers under one lease
 // share it without writing WAL or creating MultiXacts, and renewals and

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // TestShareLockBlocksLeaseChanges: while a fenced transaction that has
@@ -166,4 +167,104 @@ func sqlState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// TestRepeatableReadRenewedHolderIsNotStale (scenario: a holder's
+// REPEATABLE READ transaction outlives the expiry its snapshot shows,
+// while the keepalive renews the lease on another connection). The write
+// must not get ErrStale — "you lost, stop", which the holder has not: its
+// grant is live and nobody else holds the lease — but a serialization
+// failure to retry; and the same token writes in the next transaction.
+func TestRepeatableReadRenewedHolderIsNotStale(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	tok := grant(t, pool, "job", 2*time.Second)
+	conn, err := pool.Acquire(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(bg)
+	var before time.Time
+	if err := tx.QueryRow(bg, `SELECT expires_at FROM pgfence.leases WHERE name = $1`, tok.Lease).Scan(&before); err != nil {
+		t.Fatal(err) // the snapshot is taken here
+	}
+	if _, err := tx.Exec(bg, `CALL pgfence.declare($1, $2)`, tok.Lease, tok.Fence); err != nil {
+		t.Fatal(err)
+	}
+	// The keepalive renews the grant for a minute, on its own connection.
+	var until *time.Time
+	if err := pool.QueryRow(bg, `SELECT pgfence.renew($1, $2, $3, 60000000)`, tok.Lease, "owner-"+tok.Lease, tok.Fence).Scan(&until); err != nil || until == nil {
+		t.Fatalf("renew: %v, %v", until, err)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the expiry the snapshot shows to pass", func() bool {
+		var past bool
+		err := pool.QueryRow(bg, `SELECT clock_timestamp() > $1`, before).Scan(&past)
+		return err == nil && past
+	})
+	_, err = tx.Exec(bg, upsertItem, 1, "renewed holder")
+	if err == nil || sqlState(err) != "40001" {
+		t.Errorf("a REPEATABLE READ write by the renewed, current holder: %v; want a serialization failure (40001)", err)
+	}
+	_ = tx.Rollback(bg)
+	if err := write(pool, tok, 1, "next transaction"); err != nil {
+		t.Errorf("the same token in the next transaction: %v", err)
+	}
+}
+
+// TestTruncateOutsideReadCommitted (scenario: a holder of lease a opens a
+// REPEATABLE READ transaction; then b's holder commits a row with b's
+// higher fence; then a's transaction truncates the table). TRUNCATE
+// removes rows committed after the snapshot, which the guard's
+// max(fence), read with the snapshot, never saw: it is refused outside
+// READ COMMITTED, where the same TRUNCATE is checked against b's row and
+// refused as stale.
+func TestTruncateOutsideReadCommitted(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			pool := setup(t)
+			a := grant(t, pool, "a", time.Minute) // granted first: a lower fence
+			b := grant(t, pool, "b", time.Minute)
+			const id = 1
+			conn, err := pool.Acquire(bg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: iso})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(bg)
+			if _, err := tx.Exec(bg, `CALL pgfence.declare($1, $2)`, a.Lease, a.Fence); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(bg, `SELECT count(*) FROM items`); err != nil {
+				t.Fatal(err) // the snapshot, outside READ COMMITTED
+			}
+			if err := write(pool, b, id, "b's row"); err != nil {
+				t.Fatal(err)
+			}
+			_, err = tx.Exec(bg, `TRUNCATE items`)
+			if err == nil {
+				err = tx.Commit(bg)
+			}
+			if _, _, ok := item(t, pool, id); !ok {
+				t.Fatalf("TRUNCATE under fence %d removed b's row (fence %d) (err = %v)", a.Fence, b.Fence, err)
+			}
+			want := "0A000"
+			if iso == pgx.ReadCommitted {
+				want = fencing.SQLStateStale
+			}
+			if sqlState(err) != want {
+				t.Errorf("TRUNCATE: %v, want SQLSTATE %s", err, want)
+			}
+		})
+	}
 }

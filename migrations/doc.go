@@ -46,7 +46,10 @@
 // fencing declares with it and needs migration 12. Migration 13 lets a
 // table's owner that is a pgfence_client protect it (before, only the
 // migration role could), and revokes write privileges on pgfence's tables
-// granted on columns, which migration 4 missed.
+// granted on columns, which migration 4 missed. Migration 14 fixes two
+// answers of the guard under REPEATABLE READ and SERIALIZABLE: a holder
+// whose lease was renewed after the snapshot gets a serialization failure
+// to retry, not PF001, and TRUNCATE of a protected table is refused there.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.
