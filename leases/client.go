@@ -352,7 +352,7 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 				return
 			case <-t.C:
 			}
-			if bs, err := c.blockers(wctx, pid); err == nil && len(bs) > 0 {
+			if bs, err := c.blockers(wctx, pid, name); err == nil && len(bs) > 0 {
 				blockers = bs
 			}
 			t.Reset(100 * time.Millisecond)
@@ -396,9 +396,10 @@ func queryPrepared(ctx context.Context, q dbx.Querier, name string) ([]PreparedT
 	})
 }
 
-// blockers describes the backends that block backend pid.
-func (c *Client) blockers(ctx context.Context, pid uint32) ([]Backend, error) {
-	return queryBackends(ctx, c.q, sqlBlockers, int64(pid))
+// blockers describes the backends that block backend pid, a
+// force-release of lease name (see sqlBlockers).
+func (c *Client) blockers(ctx context.Context, pid uint32, name string) ([]Backend, error) {
+	return queryBackends(ctx, c.q, sqlBlockers, int64(pid), name)
 }
 
 // queryBackends runs on q a query that starts with sqlBackends.

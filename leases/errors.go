@@ -83,7 +83,8 @@ type PreparedTransaction struct {
 type BlockedError struct {
 	Name string
 	// Blockers are the backends that held the lock, as last seen while
-	// waiting; empty if none could be seen in time.
+	// waiting — not those merely queued ahead for it, as a waiting
+	// takeover is; empty if none could be seen in time.
 	Blockers []Backend
 	// Prepared are the prepared transactions that held the lease's fence
 	// lock when the wait ended: a fenced write prepared and never

@@ -161,6 +161,59 @@ func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 	}
 }
 
+// TestForceReleaseBlockersAreHolders (scenario: a lease's grant has
+// expired while its holder's fenced transaction stays open, and another
+// client's takeover waits for it, queued ahead of a force-release). The
+// BlockedError names the open transaction's backend only: the waiting
+// takeover, which pg_blocking_pids also lists, holds nothing, and ending
+// it — as `pgfence leases release --terminate` ends the blockers — would
+// only kill an innocent session.
+func TestForceReleaseBlockersAreHolders(t *testing.T) {
+	t.Parallel()
+	url, pool, ctx := protectedWork(t)
+	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", MinTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := namedConn(t, ctx, url, "holder")
+	openFencedWrite(t, ctx, holder, old)
+	pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool {
+		var expired bool
+		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'job'`).Scan(&expired)
+		return err == nil && expired
+	})
+	taker := newClient(t, pool)
+	took := make(chan error, 1)
+	go func() {
+		l, err := taker.TryAcquire(ctx, "job", time.Minute)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		took <- err
+	}()
+	pgtest.WaitFor(t, testTimeout, "the takeover to wait for the fence lock", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE datname = current_database() AND wait_event = 'advisory' AND query = $1`, sqlGrant).Scan(&n)
+		return err == nil && n > 0
+	})
+
+	err = newClient(t, pool, WithForceReleaseTimeout(500*time.Millisecond)).ForceRelease(ctx, "job")
+	var be *BlockedError
+	if !errors.As(err, &be) {
+		t.Fatalf("ForceRelease behind the open fenced transaction = %v, want a *BlockedError", err)
+	}
+	if len(be.Blockers) != 1 || be.Blockers[0].PID != int64(holder.Conn().PgConn().PID()) {
+		t.Errorf("blockers = %+v, want only the holder's backend %d", be.Blockers, holder.Conn().PgConn().PID())
+	}
+	if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-took; err != nil {
+		t.Fatalf("the takeover: %v", err)
+	}
+}
+
 // TestFenceHoldersNamesAnOpenFencedWriter: the query that names a
 // force-release's blockers after its wait timed out reads the fence lock
 // under the key the guard takes it with (hashtext since migration 9): an

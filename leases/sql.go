@@ -72,8 +72,14 @@ const (
   FROM pg_stat_activity AS a
 `
 
-	// sqlBlockers describes the backends that block backend $1.
+	// sqlBlockers describes the backends that block backend $1, a
+	// force-release of lease $2, but those queued ahead of it for the
+	// lease's fence lock: pg_blocking_pids lists them too, and a waiting
+	// takeover is no more in the way than the force-release itself.
 	sqlBlockers = sqlBackends + ` WHERE a.pid = ANY (pg_blocking_pids($1))
+   AND NOT EXISTS (SELECT FROM pg_locks AS w
+                    WHERE w.pid = a.pid AND NOT w.granted AND w.locktype = 'advisory'
+                      AND w.classid = 1885824614 AND w.objid = pg_catalog.hashtext($2)::oid AND w.objsubid = 2)
  ORDER BY a.pid`
 
 	// sqlFenceHolders describes the backends other than $2 that hold the

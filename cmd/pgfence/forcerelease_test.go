@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,13 +14,12 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// `leases release --force` behind a holder frozen inside an open fenced
-// transaction: without --terminate it fails within --timeout and names the
-// holder's backend; with --terminate it ends that backend and releases.
-func TestForceReleaseFrozenHolder(t *testing.T) {
-	t.Parallel()
+// frozenFencedHolder grants lease name for ttlMicros to a session named
+// frozen-holder, which then opens a fenced transaction that writes and
+// never ends: the lease's fence lock stays held. It is closed when t ends.
+func frozenFencedHolder(t *testing.T, url, name string, ttlMicros int64) *pgx.Conn {
+	t.Helper()
 	ctx := context.Background()
-	url := pgtest.URL(t)
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
@@ -29,23 +29,34 @@ func TestForceReleaseFrozenHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer frozen.Close(ctx)
+	t.Cleanup(func() { _ = frozen.Close(context.Background()) })
 	var fence int64
-	if err := frozen.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('stuck', 'holder', 600000000) WHERE granted`).Scan(&fence); err != nil {
+	if err := frozen.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire($1, 'holder', $2) WHERE granted`, name, ttlMicros).Scan(&fence); err != nil {
 		t.Fatal(err)
 	}
-	pid := strconv.FormatUint(uint64(frozen.PgConn().PID()), 10)
 	for _, q := range []string{
 		`CREATE TABLE work (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0)`,
 		`SELECT pgfence.protect('work')`,
 		`BEGIN`,
-		`SELECT pgfence.declare_token('stuck', ` + strconv.FormatInt(fence, 10) + `)`,
-		`INSERT INTO work VALUES (1)`, // the lease row stays share-locked: the holder "freezes" here
+		`SELECT pgfence.declare_token(` + quoteLiteral(name) + `, ` + strconv.FormatInt(fence, 10) + `)`,
+		`INSERT INTO work VALUES (1)`, // the holder "freezes" here
 	} {
 		if _, err := frozen.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
+	return frozen
+}
+
+// `leases release --force` behind a holder frozen inside an open fenced
+// transaction: without --terminate it fails within --timeout and names the
+// holder's backend; with --terminate it ends that backend and releases.
+func TestForceReleaseFrozenHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	frozen := frozenFencedHolder(t, url, "stuck", 600_000_000)
+	pid := strconv.FormatUint(uint64(frozen.PgConn().PID()), 10)
 
 	start := time.Now()
 	r := db(t, url, "leases", "release", "--force", "--timeout", "300ms", "stuck")
@@ -127,4 +138,67 @@ func preparedCluster(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return url
+}
+
+// TestForceReleaseTerminateSparesAWaitingTakeover (scenario: a lease has
+// expired, its holder is frozen inside an open fenced transaction, and a
+// replica's takeover waits behind it for the fence lock; the operator runs
+// `leases release --force --terminate`). The command ends the frozen
+// holder's backend only — not the replica's, which pg_blocking_pids also
+// lists because it is queued ahead — and does not force-release the grant
+// the replica then gets: exit 1, naming it.
+func TestForceReleaseTerminateSparesAWaitingTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	frozen := frozenFencedHolder(t, url, "stuck", 1_000_000)
+	pool := pgtest.PoolFor(t, url)
+	pgtest.WaitFor(t, 30*time.Second, "the frozen holder's grant to expire", func() bool {
+		var expired bool
+		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'stuck'`).Scan(&expired)
+		return err == nil && expired
+	})
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "replica-takeover"
+	replica, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close(ctx)
+	took := make(chan error, 1)
+	go func() {
+		var granted bool
+		err := replica.QueryRow(ctx, `SELECT granted FROM pgfence.try_acquire('stuck', 'replica', 600000000)`).Scan(&granted)
+		if err == nil && !granted {
+			err = errors.New("not granted")
+		}
+		took <- err
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the takeover to wait for the fence lock", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)`, int32(replica.PgConn().PID())).Scan(&waiting)
+		return err == nil && waiting
+	})
+
+	r := db(t, url, "leases", "release", "--force", "--timeout", "500ms", "--terminate", "stuck")
+	if err := <-took; err != nil {
+		t.Fatalf("the replica's takeover: %v", err)
+	}
+	if _, err := frozen.Exec(ctx, `SELECT 1`); err == nil {
+		t.Error("the frozen holder's session survived --terminate")
+	}
+	var owner string
+	var live bool
+	if err := pool.QueryRow(ctx, `SELECT owner, expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'stuck'`).Scan(&owner, &live); err != nil {
+		t.Fatal(err)
+	}
+	if owner != "replica" || !live {
+		t.Errorf("lease after the command: owner %q, live %v; want the replica's live grant", owner, live)
+	}
+	if r.code != exitFailure || !strings.Contains(r.stderr, "granted again") || !strings.Contains(r.stderr, "replica") {
+		t.Errorf("release --force --terminate: exit %d, stdout %q, stderr %q; want 1 naming the replica's new grant", r.code, r.stdout, r.stderr)
+	}
 }

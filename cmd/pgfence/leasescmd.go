@@ -77,7 +77,10 @@ lease locked, and the release waits at most --timeout for it, then fails
 naming the blocking backends (pid, application, client address, since when).
 With --terminate it ends those backends (pg_terminate_backend: the role
 needs pg_signal_backend, which pgfence_operator has when the migration could
-grant it) and tries once more; their open transactions roll back. A fenced
+grant it; sessions merely queued for the same lock, such as a waiting
+takeover, are left alone) and, if the lease still has the grant it had,
+tries once more; their open transactions roll back. A grant made meanwhile
+(a takeover that waited behind them) is not released: exit 1. A fenced
 write in a prepared transaction (two-phase commit) holds the lease with no
 backend; the error names it by its GID, and only COMMIT PREPARED or
 ROLLBACK PREPARED ends it.`,
@@ -101,14 +104,17 @@ ROLLBACK PREPARED ends it.`,
 				if err != nil && !errors.Is(err, leases.ErrNotHeld) {
 					return fmt.Errorf("read lease %q: %w", name, err)
 				}
+				held := err == nil
 				err = lc.ForceRelease(ctx, name)
 				var blocked *leases.BlockedError
 				if terminate && errors.As(err, &blocked) && len(blocked.Blockers) > 0 {
 					if terr := terminateBackends(ctx, g, blocked.Blockers); terr != nil {
 						return fmt.Errorf("%w; --terminate: %w", err, terr)
 					}
-					fmt.Fprintf(cmd.ErrOrStderr(), "pgfence: %v: terminated %d backend(s), trying again\n", err, len(blocked.Blockers))
-					err = lc.ForceRelease(ctx, name)
+					fmt.Fprintf(cmd.ErrOrStderr(), "pgfence: %v: terminated %d backend(s)\n", err, len(blocked.Blockers))
+					if err = againIfSame(ctx, lc, name, held, before); err != nil && !errors.Is(err, leases.ErrNotHeld) {
+						return err
+					}
 				}
 				if err != nil {
 					if errors.Is(err, leases.ErrNotHeld) {
@@ -219,6 +225,24 @@ func blockedAdvice(err error, b *leases.BlockedError, terminated bool) error {
 	default:
 		return fmt.Errorf("%w (%s)", err, prepared)
 	}
+}
+
+// againIfSame force-releases lease name once more after --terminate ended
+// the backends that blocked the first try, if it still has the grant the
+// command read before (held, before). A takeover that waited behind the
+// same backends may have been granted the lease meanwhile: that grant is
+// not the one the operator meant to break. ErrNotHeld if nothing was held.
+func againIfSame(ctx context.Context, lc *leases.Client, name string, held bool, before leases.Info) error {
+	now, err := lc.Get(ctx, name)
+	switch {
+	case errors.Is(err, leases.ErrNotHeld):
+		return err
+	case err != nil:
+		return fmt.Errorf("read lease %q: %w", name, err)
+	case !held || now.Fence != before.Fence:
+		return fmt.Errorf("lease %q was granted again (to %s, fence %d) once the blocking backends ended: not released", name, orDash(display(now.Owner)), now.Fence)
+	}
+	return lc.ForceRelease(ctx, name)
 }
 
 // terminateBackends ends the given backends and waits until they are gone.
