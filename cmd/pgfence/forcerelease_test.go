@@ -202,3 +202,30 @@ func TestForceReleaseTerminateSparesAWaitingTakeover(t *testing.T) {
 		t.Errorf("release --force --terminate: exit %d, stdout %q, stderr %q; want 1 naming the replica's new grant", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestRunNoWaitBehindAFrozenHolder (scenario: a cron job runs `pgfence run
+// --no-wait` while the lease's last grant has expired but its holder is
+// frozen inside an open fenced transaction, which a takeover must wait
+// for). The run gives up within a bound and exits 75 saying why, instead
+// of waiting — a hung pgfence and a backend more at every tick.
+func TestRunNoWaitBehindAFrozenHolder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	frozenFencedHolder(t, url, "nowait", 1_000_000)
+	pool := pgtest.PoolFor(t, url)
+	pgtest.WaitFor(t, 30*time.Second, "the frozen holder's grant to expire", func() bool {
+		var expired bool
+		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'nowait'`).Scan(&expired)
+		return err == nil && expired
+	})
+	start := time.Now()
+	r := db(t, url, "run", "--lease", "nowait", "--ttl", "5s", "--no-wait", "--", "echo", "ran")
+	took := time.Since(start)
+	if r.code != exitHeld || strings.Contains(r.stdout, "ran") || !strings.Contains(r.stderr, "fenced transaction") {
+		t.Errorf("run --no-wait behind a frozen holder: exit %d, stdout %q, stderr %q; want %d saying a fenced transaction is open", r.code, r.stdout, r.stderr, exitHeld)
+	}
+	if took > 30*time.Second { // the 5s bound plus process start on a loaded machine
+		t.Errorf("run --no-wait took %v", took)
+	}
+}

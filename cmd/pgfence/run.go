@@ -30,7 +30,9 @@ const runLong = `Run a command while holding a lease (--lease, with --ttl) or a 
 advisory lock (--lock), and release it when the command exits.
 
 By default run waits for the lease or lock; with --no-wait it exits 75 at
-once when someone else holds it, naming the holder on stderr.
+once when someone else holds it, naming the holder on stderr, and after 5s
+when the lease's last grant has expired but a fenced transaction of its
+holder is still open (a frozen holder: the takeover waits for it).
 
 The command gets these environment variables:
   --lease:  PGFENCE_LEASE (the name) and PGFENCE_FENCE (this grant's fence:
@@ -303,7 +305,17 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 	var l *leases.Lease
 	var err error
 	if o.noWait {
-		l, err = lc.TryAcquire(ctx, o.lease, o.ttl)
+		// A grant that has expired is taken over only once its holder's
+		// open fenced transactions end (the fence lock): bounded here, as
+		// a force-release's wait is, so that a frozen holder does not
+		// stack up a waiting run per cron tick.
+		tctx, cancel := context.WithTimeout(ctx, leases.DefaultForceReleaseTimeout)
+		l, err = lc.TryAcquire(tctx, o.lease, o.ttl)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, &exitError{code: exitHeld, err: fmt.Errorf("lease %q was not granted within %s: its last grant has expired, but a fenced transaction of its holder is still open ('pgfence check' names it; 'pgfence leases release --force --terminate %s' ends it): %w",
+				o.lease, leases.DefaultForceReleaseTimeout, o.lease, err)}
+		}
 	} else {
 		l, err = lc.Acquire(ctx, o.lease, o.ttl)
 	}
