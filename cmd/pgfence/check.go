@@ -55,7 +55,8 @@ blocked takeover has lease, pid, application_name, client_addr, waitstart,
 waited_seconds, held_by (pids) and prepared (GIDs).
 
 Exit codes: 0 nothing found, 4 findings, 2 bad flags (nothing is queried),
-69 database unreachable, 1 any other error (e.g. schema not migrated).`
+69 database unreachable or not answering within 30s, 1 any other error (e.g.
+schema not migrated).`
 
 func newCheckCmd(g *globals) *cobra.Command {
 	var (
@@ -81,12 +82,16 @@ func newCheckCmd(g *globals) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			pool, err := openPool(ctx, g.connString(), "pgfence check", 1)
-			if err != nil {
+			var rep *checkReport
+			err := bounded(ctx, 0, func(ctx context.Context) error {
+				pool, err := openPool(ctx, g.connString(), "pgfence check", 1)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				rep, err = runCheck(ctx, pool, maxHold, maxWait)
 				return err
-			}
-			defer pool.Close()
-			rep, err := runCheck(ctx, pool, maxHold, maxWait)
+			})
 			if err != nil {
 				return err
 			}

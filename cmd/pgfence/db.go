@@ -22,6 +22,32 @@ import (
 // sets no connect_timeout.
 const connectTimeout = 10 * time.Second
 
+// answerTimeout bounds how long a one-shot command (check, leases, locks,
+// fence bump) waits for the database beyond the waits it was asked for
+// (--timeout): a server that stops answering once connected — frozen, cut
+// off, or a query queued behind a lock — must not leave the command, run
+// from cron, hanging. It then exits 69.
+const answerTimeout = 30 * time.Second
+
+// errNoAnswer is the cause of a one-shot command's context once
+// answerTimeout has passed.
+var errNoAnswer = errors.New("no answer from the database in time")
+
+// bounded runs fn, a one-shot command's work, with ctx bounded by
+// answerTimeout plus wait, and reports the bound passing as the database
+// being unavailable (exit 69).
+func bounded(ctx context.Context, wait time.Duration, fn func(context.Context) error) error {
+	limit := answerTimeout + wait
+	bctx, cancel := context.WithTimeoutCause(ctx, limit, errNoAnswer)
+	defer cancel()
+	err := fn(bctx)
+	if err != nil && errors.Is(context.Cause(bctx), errNoAnswer) {
+		return &exitError{code: exitUnavailable, err: fmt.Errorf(
+			"the database did not answer within %s (a server frozen or cut off once connected, or a statement waiting for a lock): %w", limit, err)}
+	}
+	return err
+}
+
 // libpqEnv are the libpq environment variables pgx reads; any of them set
 // counts as "a database is configured" for demo.
 var libpqEnv = []string{

@@ -55,7 +55,7 @@ pgfence's migrations).`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return bumpFence(ctx, cmd, g, gap)
+			return bounded(ctx, 0, func(ctx context.Context) error { return bumpFence(ctx, cmd, g, gap) })
 		}),
 	}
 	bump.Flags().Int64Var(&gap, "gap", defaultFenceGap, "how far above every fence and the clock to raise the floor, in microseconds (at least 1)")

@@ -37,7 +37,7 @@ acquirer takes it with a higher fence.`,
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withLeases(ctx, g, "pgfence leases", nil, func(ctx context.Context, lc *leases.Client, now time.Time) error {
+			return withLeases(ctx, g, "pgfence leases", 0, nil, func(ctx context.Context, lc *leases.Client, now time.Time) error {
 				infos, err := lc.List(ctx)
 				if err != nil {
 					return fmt.Errorf("list leases: %w", err)
@@ -99,7 +99,7 @@ ROLLBACK PREPARED ends it.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			opts := []leases.Option{leases.WithForceReleaseTimeout(timeout)}
-			return withLeases(ctx, g, "pgfence leases release", opts, func(ctx context.Context, lc *leases.Client, now time.Time) error {
+			return withLeases(ctx, g, "pgfence leases release", 2*timeout, opts, func(ctx context.Context, lc *leases.Client, now time.Time) error {
 				before, err := lc.Get(ctx, name)
 				if err != nil && !errors.Is(err, leases.ErrNotHeld) {
 					return fmt.Errorf("read lease %q: %w", name, err)
@@ -160,7 +160,7 @@ The role needs pgfence_operator.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withLeases(ctx, g, "pgfence leases handover", nil, func(ctx context.Context, lc *leases.Client, _ time.Time) error {
+			return withLeases(ctx, g, "pgfence leases handover", handoverTimeout, nil, func(ctx context.Context, lc *leases.Client, _ time.Time) error {
 				asked, err := lc.RequestHandover(ctx, name, handoverTimeout)
 				switch {
 				case errors.Is(err, leases.ErrNotHeld):
@@ -189,8 +189,14 @@ The role needs pgfence_operator.`,
 }
 
 // withLeases opens a pool and a leases client for one command, checks the
-// schema, reads the database clock, and closes everything after fn.
-func withLeases(ctx context.Context, g *globals, app string, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
+// schema, reads the database clock, and closes everything after fn; all of
+// it bounded (see bounded) by answerTimeout plus wait, the waits the
+// command was asked for.
+func withLeases(ctx context.Context, g *globals, app string, wait time.Duration, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
+	return bounded(ctx, wait, func(ctx context.Context) error { return leasesDo(ctx, g, app, opts, fn) })
+}
+
+func leasesDo(ctx context.Context, g *globals, app string, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
 	pool, err := openPool(ctx, g.connString(), app, 2)
 	if err != nil {
 		return err

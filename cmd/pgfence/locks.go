@@ -50,12 +50,16 @@ COMMIT PREPARED or ROLLBACK PREPARED with its GID releases them.`,
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			pool, err := openPool(ctx, g.connString(), "pgfence locks", 1)
-			if err != nil {
+			var locks []lockRow
+			err := bounded(ctx, 0, func(ctx context.Context) error {
+				pool, err := openPool(ctx, g.connString(), "pgfence locks", 1)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				locks, err = listLocks(ctx, pool)
 				return err
-			}
-			defer pool.Close()
-			locks, err := listLocks(ctx, pool)
+			})
 			if err != nil {
 				return err
 			}

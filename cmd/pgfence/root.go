@@ -22,7 +22,7 @@ Exit codes:
   2    usage: unknown command or flag, missing or invalid argument
   3    demo: the exactly-once check failed
   4    check: found something (long holds or waits, stuck takeovers, unguarded tables)
-  69   the database is unreachable (EX_UNAVAILABLE)
+  69   the database is unreachable (EX_UNAVAILABLE), or stopped answering
   75   run --no-wait: the lease or lock is held by someone else (EX_TEMPFAIL)
   126  run: the command could not be executed
   127  run: the command was not found
