@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,7 +26,32 @@ import (
 // for its workers, and the variable is inherited, so they work as well.)
 const envCLI = "PGFENCE_TEST_RUN_CLI"
 
+// argPrintEnv turns the test binary, run as `pgfence run`'s command (test
+// binary -print-env A,B), into a Go program that prints the entries named
+// A or B of the environment it was started with (/proc/self/environ:
+// os.Environ drops repeated names), one a line and in their order, then
+// what os.Getenv says of each (the first entry wins, as with C's getenv).
+// It is checked before envCLI, which the command inherits.
+const argPrintEnv = "-print-env"
+
 func init() {
+	if len(os.Args) == 3 && os.Args[1] == argPrintEnv {
+		names := strings.Split(os.Args[2], ",")
+		environ, err := os.ReadFile("/proc/self/environ")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		for _, kv := range strings.Split(string(environ), "\x00") {
+			if k, _, _ := strings.Cut(kv, "="); slices.Contains(names, k) {
+				fmt.Println(kv)
+			}
+		}
+		for _, n := range names {
+			fmt.Printf("getenv %s=%s\n", n, os.Getenv(n))
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(envCLI) == "1" {
 		os.Exit(execute(os.Args[1:]))
 	}

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,6 +40,8 @@ The command gets these environment variables:
   --lease:  PGFENCE_LEASE (the name) and PGFENCE_FENCE (this grant's fence:
             pass it to any system that should reject stale writers)
   --lock:   PGFENCE_LOCK (the name) and PGFENCE_LOCK_KEY (its bigint key)
+They replace any of the same name in pgfence's own environment (say, from
+an outer pgfence run), so the command reads its own grant's.
 
 Timing (--lease): the command stops before anyone else can be granted the
 lease. pgfence trusts the lease until its local deadline,
@@ -259,7 +263,7 @@ func runChild(ctx context.Context, h *held, o runOptions, path string, args []st
 	if err != nil {
 		return 0, err
 	}
-	cfg := reaperConfig{Path: path, Args: args, Env: append(os.Environ(), h.env...), What: h.what, Grace: o.grace}
+	cfg := reaperConfig{Path: path, Args: args, Env: childEnv(os.Environ(), h.env), What: h.what, Grace: o.grace}
 	var deadlines chan int64 // nil for a lock: no deadline
 	var r *renewer
 	if h.lease != nil {
@@ -282,6 +286,21 @@ func runChild(ctx context.Context, h *held, o runOptions, path string, args []st
 		defer func() { stop(); <-done }()
 	}
 	return c.supervise(sigs, deadlines, h.done, h.what, h.cause, stderr), nil
+}
+
+// childEnv is the command's environment: environ without the variables
+// set names (an outer `pgfence run`'s PGFENCE_LEASE, say), then set. Both
+// C's getenv and Go's os.Getenv read the first entry of a name, so an
+// inherited one left in place would hide the grant's own.
+func childEnv(environ, set []string) []string {
+	env := make([]string, 0, len(environ)+len(set))
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if !slices.ContainsFunc(set, func(s string) bool { return strings.HasPrefix(s, k+"=") }) {
+			env = append(env, kv)
+		}
+	}
+	return append(env, set...)
 }
 
 func releaseHeld(h *held) {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/pglock"
 )
 
 // runEnvLine is what the test children print: the lease and fence run
@@ -102,6 +104,55 @@ func TestRunExitStatus(t *testing.T) {
 	}
 	if r := db(t, url, "leases", "ls", "--json"); strings.Contains(r.stdout, `"expired": false`) {
 		t.Errorf("after the runs, a lease is still held: %s", r.stdout)
+	}
+}
+
+// A command reads the name and the fence (or key) of its own grant, also
+// when pgfence's environment already carries those variables (a nested
+// `pgfence run`, a job environment that inherited them): run replaces them
+// instead of adding a second entry, which C's getenv and Go's os.Getenv,
+// reading the first, would not see: the job would declare another lease's
+// token. The command is the test binary (argPrintEnv), a Go program.
+func TestRunChildSeesItsOwnGrant(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := strconv.FormatInt(pglock.Key("inner"), 10)
+	for _, tc := range []struct {
+		name string
+		args []string
+		vars string
+		want *regexp.Regexp // the command's entries, one a line
+	}{
+		{"lease", []string{"run", "--lease", "inner", "--ttl", "10s", "--"}, "PGFENCE_LEASE,PGFENCE_FENCE",
+			regexp.MustCompile(`^PGFENCE_LEASE=inner\nPGFENCE_FENCE=([1-9]\d+)\n$`)},
+		{"lock", []string{"run", "--lock", "inner", "--"}, "PGFENCE_LOCK,PGFENCE_LOCK_KEY",
+			regexp.MustCompile(`^PGFENCE_LOCK=inner\nPGFENCE_LOCK_KEY=(` + regexp.QuoteMeta(key) + `)\n$`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// As under `pgfence run --lease outer` or `--lock outer`.
+			env := cliEnv("DATABASE_URL="+url,
+				"PGFENCE_LEASE=outer", "PGFENCE_FENCE=1", "PGFENCE_LOCK=outer", "PGFENCE_LOCK_KEY=1")
+			r := cli(t, env, slices.Concat(tc.args, []string{self, argPrintEnv, tc.vars})...)
+			if r.code != 0 {
+				t.Fatalf("exit %d; stderr %q", r.code, r.stderr)
+			}
+			entries, getenv, _ := strings.Cut(r.stdout, "getenv ")
+			m := tc.want.FindStringSubmatch(entries)
+			if m == nil {
+				t.Fatalf("the command's environment has %q (its getenv reads %q); want exactly one entry of each of %s, its own grant's",
+					entries, "getenv "+getenv, tc.vars)
+			}
+			names := strings.Split(tc.vars, ",")
+			want := "getenv " + names[0] + "=inner\ngetenv " + names[1] + "=" + m[1] + "\n"
+			if "getenv "+getenv != want {
+				t.Errorf("the command's getenv reads %q, want %q", "getenv "+getenv, want)
+			}
+		})
 	}
 }
 
