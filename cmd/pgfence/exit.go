@@ -25,6 +25,9 @@ const (
 type exitError struct {
 	code int
 	err  error
+	// usage marks a usage error (exit 2): execute points to --help. Only
+	// these: a command run passes on may exit 2 too.
+	usage bool
 }
 
 func (e *exitError) Error() string {
@@ -38,7 +41,12 @@ func (e *exitError) Unwrap() error { return e.err }
 
 // usageErrorf is a usage error (exit 2).
 func usageErrorf(format string, args ...any) error {
-	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+	return usageError(fmt.Errorf(format, args...))
+}
+
+// usageError marks err as a usage error (exit 2, and a pointer to --help).
+func usageError(err error) error {
+	return &exitError{code: exitUsage, err: err, usage: true}
 }
 
 // action adapts a command body to cobra: errors that carry no exit code
@@ -62,7 +70,7 @@ func action(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Comman
 func argsUsage(v cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := v(cmd, args); err != nil {
-			return &exitError{code: exitUsage, err: err}
+			return usageError(err)
 		}
 		return nil
 	}

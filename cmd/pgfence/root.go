@@ -41,12 +41,12 @@ func execute(args []string) int {
 	if !errors.As(err, &ee) {
 		// Every RunE wraps its errors (see action), so an untyped error
 		// comes from cobra itself: an unknown command, flag or argument.
-		ee = &exitError{code: exitUsage, err: err}
+		ee = &exitError{code: exitUsage, err: err, usage: true}
 	}
 	if ee.err != nil {
 		fmt.Fprintf(root.ErrOrStderr(), "pgfence: %v\n", ee.err)
 	}
-	if ee.code == exitUsage && cmd != nil {
+	if ee.usage && cmd != nil {
 		fmt.Fprintf(root.ErrOrStderr(), "Run '%s --help' for usage.\n", cmd.CommandPath())
 	}
 	return ee.code
@@ -75,7 +75,7 @@ func newRootCmd() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.databaseURL, "database-url", "",
 		"PostgreSQL connection string (default: $DATABASE_URL, else libpq PG* variables)")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return &exitError{code: exitUsage, err: err}
+		return usageError(err)
 	})
 	root.AddCommand(
 		newMigrateCmd(g),

@@ -62,6 +62,28 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A command run under `pgfence run` that exits 2 (grep, diff and many
+// tools say "trouble" so) is passed on as 2 with nothing on stderr: no
+// "Run 'pgfence run --help' for usage." blaming a command line that was
+// fine, neither from pgfence nor from its reaper. The hint is for
+// pgfence's own usage errors (TestUsageErrors).
+func TestRunCommandExit2IsNotAUsageError(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	for _, args := range [][]string{
+		{"run", "--lease", "two", "--ttl", "5s", "--", "sh", "-c", "exit 2"},
+		{"run", "--lock", "two", "--", "sh", "-c", "exit 2"},
+	} {
+		r := db(t, url, args...)
+		if r.code != 2 {
+			t.Errorf("%v: exit %d, want the command's 2", args, r.code)
+		}
+		if r.stderr != "" {
+			t.Errorf("%v: the command printed nothing, yet stderr is %q", args, r.stderr)
+		}
+	}
+}
+
 func TestHelpDocumentsExitCodes(t *testing.T) {
 	t.Parallel()
 	r := cli(t, cliEnv(), "--help")
