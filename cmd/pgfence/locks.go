@@ -76,10 +76,14 @@ COMMIT PREPARED or ROLLBACK PREPARED with its GID releases them.`,
 		Short: "Print the advisory-lock key of a lock name",
 		Long: `Print the bigint advisory-lock key pglock uses for NAME (the first 8 bytes of
 SHA-256 of the UTF-8 name, big-endian, signed), and the psql expressions that
-compute and take the same lock. Needs no database.`,
+compute and take the same lock. Needs no database. A name pglock refuses
+(empty, over 200 bytes, not UTF-8, with a NUL) exits 2, as with run --lock.`,
 		Args: argsUsage(cobra.ExactArgs(1)),
 		RunE: action(func(cmd *cobra.Command, args []string) error {
 			name := args[0]
+			if err := validateName("lock name", name, pglock.MaxNameLen); err != nil {
+				return err
+			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "%d\n", pglock.Key(name))
 			lit := quoteLiteral(name)

@@ -62,6 +62,26 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// `locks key` refuses a name pglock would refuse (empty, over 200 bytes,
+// not UTF-8) as `run --lock` does: exit 2 and the rule on stderr, and no
+// key on stdout for a lock nobody can take.
+func TestLocksKeyRefusesBadNames(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, want string }{
+		{"", "lock name must be 1..200 bytes, got 0"},
+		{strings.Repeat("x", 201), "lock name must be 1..200 bytes, got 201"},
+		{"bad\xff", "lock name must be valid UTF-8"},
+	} {
+		r := cli(t, cliEnv(), "locks", "key", tc.name)
+		if r.code != exitUsage || r.stdout != "" {
+			t.Errorf("locks key %q: exit %d, stdout %q; want %d and nothing", tc.name, r.code, r.stdout, exitUsage)
+		}
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("locks key %q: stderr %q does not say %q", tc.name, r.stderr, tc.want)
+		}
+	}
+}
+
 // A command run under `pgfence run` that exits 2 (grep, diff and many
 // tools say "trouble" so) is passed on as 2 with nothing on stderr: no
 // "Run 'pgfence run --help' for usage." blaming a command line that was
