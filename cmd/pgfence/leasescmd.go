@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/internal/names"
@@ -31,26 +32,26 @@ func newLeasesCmd(g *globals) *cobra.Command {
 		Short: "List leases: owner, fence, expiry, how long held",
 		Long: `List the rows of pgfence.leases: name, owner, fence, when the grant expires
 (or how long ago it expired) and how long the current owner has held it.
-Times are judged by the database clock. An expired row is free: the next
-acquirer takes it with a higher fence.`,
+Times are judged by the database clock. A row stays after its lease is
+released or expires, with its last grant's owner and fence: it is listed as
+expired. An expired row is free: the next acquirer takes it with a higher
+fence.`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withLeases(ctx, g, "pgfence leases", 0, nil, func(ctx context.Context, lc *leases.Client, now time.Time) error {
-				infos, err := lc.List(ctx)
-				if err != nil {
-					return fmt.Errorf("list leases: %w", err)
-				}
-				rows := make([]leaseRow, 0, len(infos))
-				for _, in := range infos {
-					rows = append(rows, newLeaseRow(in, now))
-				}
-				if asJSON {
-					return writeJSON(cmd.OutOrStdout(), rows)
-				}
-				return printLeases(cmd, rows)
+			var rows []leaseRow
+			err := bounded(ctx, 0, func(ctx context.Context) (err error) {
+				rows, err = listLeases(ctx, g)
+				return err
 			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), rows)
+			}
+			return printLeases(cmd, rows)
 		}),
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of objects) instead of a table")
@@ -304,6 +305,36 @@ func newLeaseRow(in leases.Info, now time.Time) leaseRow {
 		r.HeldForSeconds = &h
 	}
 	return r
+}
+
+// listLeases reads every row of the lease table, expired ones too, judged
+// by the database clock read just before.
+func listLeases(ctx context.Context, g *globals) ([]leaseRow, error) {
+	pool, err := openPool(ctx, g.connString(), "pgfence leases", 1)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if err := checkSchema(ctx, pool); err != nil {
+		return nil, err
+	}
+	var now time.Time
+	if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+		return nil, fmt.Errorf("read the database clock: %w", err)
+	}
+	rs, err := pool.Query(ctx, sqlLeases)
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list leases: %w", err))
+	}
+	rows, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (leaseRow, error) {
+		var in leases.Info
+		err := row.Scan(&in.Name, &in.Owner, &in.Fence, &in.AcquiredAt, &in.RenewedAt, &in.ExpiresAt, &in.Data)
+		return newLeaseRow(in, now), err
+	})
+	if err != nil {
+		return nil, schemaHint(fmt.Errorf("list leases: %w", err))
+	}
+	return rows, nil
 }
 
 func printLeases(cmd *cobra.Command, rows []leaseRow) error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,6 +93,56 @@ func TestLeasesLsAndRelease(t *testing.T) {
 	r = db(t, url, "leases", "release", "--force", "reports/never")
 	if r.code != exitFailure || !strings.Contains(r.stderr, `lease "reports/never" is not held`) {
 		t.Errorf("release of an unknown lease: exit %d, stderr %q; want 1 and a clear message", r.code, r.stderr)
+	}
+}
+
+// `leases ls` lists every row of pgfence.leases, as its --help and
+// docs/operators.md ("Inspecting") say: a released lease's row stays, shown
+// as "expired ... ago" with no HELD FOR, and in --json with expired true,
+// a negative expires_in_seconds and no held_for_seconds.
+func TestLeasesLsListsExpiredRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	pool := pgtest.PoolFor(t, url)
+	lc, err := leases.New(pool, leases.WithOwner("ls-expired"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lc.Close() })
+	l, err := lc.TryAcquire(ctx, "reports/gone", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	r := db(t, url, "leases", "ls", "--json")
+	if r.code != 0 {
+		t.Fatalf("leases ls --json: exit %d", r.code)
+	}
+	var rows []leaseRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+		t.Fatalf("leases ls --json is not a JSON array of leases: %v", err)
+	}
+	i := slices.IndexFunc(rows, func(row leaseRow) bool { return row.Name == "reports/gone" })
+	switch {
+	case i < 0:
+		t.Errorf("leases ls --json omits the released lease reports/gone: %s", r.stdout)
+	case rows[i].Owner != l.Owner() || rows[i].Fence != l.Fence():
+		t.Errorf("reports/gone: owner %q fence %d, want its last grant's %q %d", rows[i].Owner, rows[i].Fence, l.Owner(), l.Fence())
+	case !rows[i].Expired || rows[i].ExpiresInSeconds >= 0 || rows[i].HeldForSeconds != nil:
+		t.Errorf("released reports/gone listed as %+v, want expired, negative expires_in_seconds, no held_for_seconds", rows[i])
+	}
+
+	r = db(t, url, "leases", "ls")
+	if r.code != 0 {
+		t.Fatalf("leases ls: exit %d", r.code)
+	}
+	row := regexp.MustCompile(`(?m)^reports/gone +` + regexp.QuoteMeta(l.Owner()) + ` +` + strconv.FormatInt(l.Fence(), 10) + ` +expired \S+ ago +- +-$`)
+	if !row.MatchString(r.stdout) {
+		t.Errorf("leases ls does not show reports/gone as `reports/gone OWNER FENCE expired ... ago - -`:\n%s", r.stdout)
 	}
 }
 

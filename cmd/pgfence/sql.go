@@ -37,6 +37,13 @@ SELECT EXISTS (SELECT 1 FROM pg_trigger
 	sqlDemoRows = `SELECT period, worker, fence FROM pgfence_demo.periods ORDER BY period`
 )
 
+// sqlLeases reads every row of the lease table for `leases ls`, expired
+// ones too (the leases package's List reads live grants only).
+const sqlLeases = `
+SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata
+  FROM pgfence.leases
+ ORDER BY name`
+
 // sqlLongLeases lists the unexpired leases of pgfence.lease_status
 // (migration 2) held longer than $1, longest first. Durations come back as
 // seconds so that they need no interval decoding.
