@@ -114,7 +114,7 @@ func openPool(ctx context.Context, connString, appName string, maxConns int32) (
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		// pgx's parse errors may echo the string, password included.
-		return nil, &exitError{code: exitUsage, err: errors.New("invalid connection string (check --database-url, DATABASE_URL or the PG* variables)")}
+		return nil, usageError(errors.New("invalid connection string (check --database-url, DATABASE_URL or the PG* variables)"))
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok && appName != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
