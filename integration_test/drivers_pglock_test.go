@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -168,5 +169,80 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n)
 			return err == nil && n == 0, err
 		})
+	})
+}
+
+// TestDriversLockSilentNetwork (scenario: the network between a process
+// and the server goes silent — packets dropped, nothing closed — while it
+// holds a Lock, or while a Lock call waits). Over every driver the held
+// Lock's Context ends within the liveness interval + timeout and Unlock
+// returns at once, and the abandoned wait returns within the unlock
+// timeout. lib/pq does not end a statement at its context's end on a
+// silent network (it sends a cancel request and keeps reading): pglock no
+// longer waits for it, and discards the connection once lib/pq returns.
+func TestDriversLockSilentNetwork(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		px := startProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+		h := d.open(t, px.URL(t, u), "holder")
+		const interval, timeout, unlock = 200 * time.Millisecond, 300 * time.Millisecond, 500 * time.Millisecond
+		l := mustLocker(t, h, pglock.WithLivenessCheck(interval, timeout), pglock.WithUnlockTimeout(unlock))
+		lk, err := l.TryLock(ctx, "held")
+		if err != nil {
+			t.Fatalf("TryLock: %v", err)
+		}
+		blocker := mustLocker(t, d.open(t, u, "blocker"))
+		busy, err := blocker.TryLock(ctx, "busy")
+		if err != nil {
+			t.Fatalf("TryLock: %v", err)
+		}
+		defer func() { _ = busy.Unlock(ctx) }()
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		waited := make(chan error, 1)
+		go func() {
+			w, err := l.Lock(wctx, "busy")
+			if err == nil {
+				err = w.Unlock(ctx)
+			}
+			waited <- err
+		}()
+		mustWait(t, 30*time.Second, "the Lock call to wait", func() (bool, error) {
+			var n int
+			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE datname = current_database() AND application_name = 'holder' AND wait_event = 'advisory'`).Scan(&n)
+			return n > 0, err
+		})
+
+		px.Blackhole()
+		start := time.Now()
+		cancel()
+		// Each bound is generous (a loaded machine); the real figures are logged.
+		select {
+		case err := <-waited:
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("the abandoned Lock = %v, want context.Canceled", err)
+			}
+			t.Logf("the abandoned wait returned after %v", time.Since(start))
+		case <-time.After(unlock + 10*time.Second):
+			t.Errorf("the abandoned wait had not returned %v after its context ended", time.Since(start))
+		}
+		select {
+		case <-lk.Done():
+			t.Logf("Done closed %v after the network went silent", time.Since(start))
+		case <-time.After(interval + timeout + 10*time.Second):
+			t.Errorf("Done not closed %v after the network went silent", time.Since(start))
+		}
+		ustart := time.Now()
+		if err := lk.Unlock(ctx); !errors.Is(err, pglock.ErrLost) {
+			t.Errorf("Unlock after the loss = %v, want ErrLost", err)
+		}
+		if took := time.Since(ustart); took > 10*time.Second {
+			t.Errorf("Unlock took %v", took)
+		}
+		// The connections a driver still reads from are discarded once it
+		// returns, which a closed network makes it do.
+		px.Close()
+		mustWait(t, 30*time.Second, "the holder's connections to be given up", func() (bool, error) { return h.inUse() == 0, nil })
 	})
 }

@@ -35,6 +35,8 @@ type handle struct {
 	// fenced runs one statement in a fenced transaction declaring tok
 	// (fencing.InTx or fencing.InDBTx).
 	fenced func(ctx context.Context, tok fencing.Token, sql string, args ...any) error
+	// inUse counts the handle's connections in use.
+	inUse func() int
 }
 
 var drivers = []driver{
@@ -49,6 +51,7 @@ var drivers = []driver{
 					return err
 				})
 			},
+			inUse: func() int { return int(pool.Stat().AcquiredConns()) },
 		}
 	}},
 	{name: "database/sql+pgx", open: func(t *testing.T, u, app string) handle { return sqlHandle(t, "pgx", u, app) }},
@@ -84,6 +87,7 @@ func sqlHandle(t *testing.T, driverName, u, app string) handle {
 				return err
 			})
 		},
+		inUse: func() int { return db.Stats().InUse },
 	}
 }
 

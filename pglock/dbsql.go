@@ -29,6 +29,11 @@ import (
 //     which the driver turns into a cancel request (lib/pq) or a closed
 //     socket (pgx's stdlib). The blocking calls therefore read the
 //     session's backend pid first: one more round trip than over pgx;
+//   - a driver that does not end a statement when its context ends (lib/pq
+//     on a silent network sends a cancel request and keeps reading) is
+//     not waited for: the liveness query's timeout loses the lock, an
+//     abandoned wait returns at the unlock timeout (plus a second), and
+//     the connection is discarded once the driver returns;
 //   - no pooler check: a session whose answering backend differs from the
 //     one first seen is not verified (connect directly or through
 //     session pooling).
@@ -80,11 +85,10 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	if m.try {
 		pid, taken, err = try(ctx, q, s.keys, m.shared, 0)
 	} else {
-		pid, abandoned, err = l.waitDB(ctx, sc, s.keys, m.shared)
+		pid, abandoned, err = l.waitDB(ctx, sc, s.keys, m.shared, s.label)
 	}
 	switch {
 	case abandoned:
-		l.discard(sc, s.label, pid, "wait abandoned")
 		l.tel.waitFailed(ctx, s.label, m, waitCanceled, start)
 		return nil, s.opErr(m.op, ctx.Err())
 	case errors.Is(err, sql.ErrNoRows):
@@ -107,9 +111,11 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 }
 
 // waitDB is wait over database/sql: the blocking acquire of keys on sc,
-// which returns, if ctx ends first, only once the wait is over on the
-// server, with abandoned true (the caller must then discard sc).
-func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared bool) (pid uint32, abandoned bool, err error) {
+// which returns, if ctx ends first, once the wait is over on the server
+// (or, with a driver that does not end the statement, once abandon has
+// given up on it), with abandoned true; sc is then discarded, once the
+// statement has returned (database/sql cannot close a connection in use).
+func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared bool, label string) (pid uint32, abandoned bool, err error) {
 	q := dbx.SQL(sc)
 	backend, err := dbx.BackendPID(ctx, q) // for cancelling the wait from another connection
 	if err != nil {
@@ -121,7 +127,6 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	// close the connection, or send a cancel request that may be lost);
 	// abandon ends it, and cancels stmtCtx only as its last resort.
 	stmtCtx, cancelStmt := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelStmt()
 	finished := make(chan struct{})
 	cleaned := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
@@ -138,13 +143,35 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 			fail: cancelStmt,
 		})
 	})
-	err = q.QueryRow(stmtCtx, query, arg, timeout).Scan(&pid, nil)
-	close(finished)
+	var (
+		granted uint32
+		stmtErr error
+	)
+	go func() {
+		defer cancelStmt()
+		stmtErr = q.QueryRow(stmtCtx, query, arg, timeout).Scan(&granted, nil)
+		close(finished)
+	}()
+	select {
+	case <-finished:
+	case <-cleaned: // abandon gave up before the statement returned
+	}
+	select {
+	case <-finished:
+	default:
+		go func() {
+			<-finished
+			l.discard(sc, label, backend, "wait abandoned")
+		}()
+		return backend, true, ctx.Err()
+	}
+	pid, err = granted, stmtErr
 	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
 		<-ctx.Done() // the server's deadline is ctx's (see wait)
 	}
 	if !stop() {
 		<-cleaned
+		l.discard(sc, label, backend, "wait abandoned")
 		return backend, true, err
 	}
 	return pid, false, err
@@ -182,7 +209,27 @@ func (lk *Lock) monitorDB() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
-		err := lk.sc.PingContext(ctx)
+		pinged := make(chan error, 1)
+		sc := lk.sc
+		go func() { pinged <- sc.PingContext(ctx) }()
+		var err error
+		select {
+		case err = <-pinged:
+		case <-ctx.Done():
+			// The driver has not ended the query at its deadline (lib/pq
+			// on a silent network sends a cancel request and keeps
+			// reading): the lock is lost now, and its connection is
+			// discarded once the driver returns.
+			lk.sc = nil
+			go func() {
+				<-pinged
+				lk.l.discard(sc, lk.label, lk.pid, "lock lost")
+			}()
+			lk.l.tel.lost(lk, lostLivenessFailed, ctx.Err())
+			lk.cancel(ErrLost)
+			cancel()
+			return
+		}
 		cancel()
 		if err != nil {
 			why := lostSessionEnded

@@ -151,7 +151,10 @@ type waiter struct {
 
 // abandon ends the wait of w after its context ended. It returns when the
 // statement has returned or the unlock timeout has passed; in the latter
-// case it makes the statement fail (w.fail) and waits for it.
+// case it makes the statement fail (w.fail) and waits for it, at most
+// failWait: a driver that does not end a statement at its context's end
+// (lib/pq on a silent network sends a cancel request and keeps reading)
+// is left to return in the background.
 func (l *Locker) abandon(w waiter) {
 	deadline := time.Now().Add(l.cfg.unlockTimeout)
 	answered := func(d time.Duration) bool {
@@ -179,7 +182,7 @@ func (l *Locker) abandon(w waiter) {
 	// another connection, retrying while the pool has none to spare.
 	for {
 		qctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := w.cancelBackend(qctx)
+		err := bounded(qctx, w.cancelBackend)
 		cancel()
 		if err == nil {
 			if answered(time.Until(deadline)) {
@@ -197,5 +200,29 @@ func (l *Locker) abandon(w waiter) {
 	// Nothing answered: fail the statement now; the caller destroys the
 	// connection.
 	w.fail()
-	<-w.finished
+	t := time.NewTimer(failWait)
+	defer t.Stop()
+	select {
+	case <-w.finished:
+	case <-t.C:
+	}
 }
+
+// bounded returns f(ctx), or ctx's error once ctx ends if f has not
+// returned by then: a driver that does not bound a statement (or a new
+// connection) by its context — lib/pq on a silent network — is left to
+// return in the background.
+func bounded(ctx context.Context, f func(context.Context) error) error {
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// failWait bounds how long abandon waits for a statement it made fail: a
+// closed socket (pgx) ends it at once.
+const failWait = time.Second
