@@ -137,22 +137,13 @@ func TestRepeatableReadSeesTakeover(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	a := grant(t, pool, "job", time.Minute)
-	conn, err := pool.Acquire(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg)
+	tx := beginIso(t, pool, pgx.RepeatableRead)
 	if _, err := tx.Exec(bg, `SELECT pgfence.declare_token($1, $2)`, a.Lease, a.Fence); err != nil {
 		t.Fatal(err) // the snapshot is taken here
 	}
 	mustExec(t, pool, `SELECT pgfence.force_release('job')`)
 	b := grant(t, pool, "job", time.Minute)
-	_, err = tx.Exec(bg, upsertItem, 1, "A-stale")
+	_, err := tx.Exec(bg, upsertItem, 1, "A-stale")
 	if err == nil {
 		t.Fatalf("a REPEATABLE READ write with the old token succeeded after the takeover (new fence %d)", b.Fence)
 	}
@@ -179,16 +170,7 @@ func TestRepeatableReadRenewedHolderIsNotStale(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	tok := grant(t, pool, "job", 2*time.Second)
-	conn, err := pool.Acquire(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg)
+	tx := beginIso(t, pool, pgx.RepeatableRead)
 	var before time.Time
 	if err := tx.QueryRow(bg, `SELECT expires_at FROM pgfence.leases WHERE name = $1`, tok.Lease).Scan(&before); err != nil {
 		t.Fatal(err) // the snapshot is taken here
@@ -206,7 +188,7 @@ func TestRepeatableReadRenewedHolderIsNotStale(t *testing.T) {
 		err := pool.QueryRow(bg, `SELECT clock_timestamp() > $1`, before).Scan(&past)
 		return err == nil && past
 	})
-	_, err = tx.Exec(bg, upsertItem, 1, "renewed holder")
+	_, err := tx.Exec(bg, upsertItem, 1, "renewed holder")
 	if err == nil || sqlState(err) != "40001" {
 		t.Errorf("a REPEATABLE READ write by the renewed, current holder: %v; want a serialization failure (40001)", err)
 	}
@@ -232,16 +214,7 @@ func TestTruncateOutsideReadCommitted(t *testing.T) {
 			a := grant(t, pool, "a", time.Minute) // granted first: a lower fence
 			b := grant(t, pool, "b", time.Minute)
 			const id = 1
-			conn, err := pool.Acquire(bg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: iso})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(bg)
+			tx := beginIso(t, pool, iso)
 			if _, err := tx.Exec(bg, `CALL pgfence.declare($1, $2)`, a.Lease, a.Fence); err != nil {
 				t.Fatal(err)
 			}
@@ -251,7 +224,7 @@ func TestTruncateOutsideReadCommitted(t *testing.T) {
 			if err := write(pool, b, id, "b's row"); err != nil {
 				t.Fatal(err)
 			}
-			_, err = tx.Exec(bg, `TRUNCATE items`)
+			_, err := tx.Exec(bg, `TRUNCATE items`)
 			if err == nil {
 				err = tx.Commit(bg)
 			}
@@ -267,4 +240,21 @@ func TestTruncateOutsideReadCommitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// beginIso begins a transaction at isolation level iso on a connection of
+// pool's own, rolled back (if still open) and released when t ends.
+func beginIso(t *testing.T, pool *pgxpool.Pool, iso pgx.TxIsoLevel) pgx.Tx {
+	t.Helper()
+	conn, err := pool.Acquire(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	tx, err := conn.BeginTx(bg, pgx.TxOptions{IsoLevel: iso})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(bg) })
+	return tx
 }
