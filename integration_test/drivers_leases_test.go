@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -216,5 +217,72 @@ func TestDriversCancelledGrant(t *testing.T) {
 		if err != nil || row.Owner != "ghost" || row.live() {
 			t.Fatalf("lease after the holder committed: %+v, %v; want the ghost's expired grant", row, err)
 		}
+	})
+}
+
+// TestDriversCancelledGrantSilentNetwork (scenario: as
+// TestDriversCancelledGrant, but the network between the caller and the
+// server goes silent before the caller gives up, so neither a cancel
+// request nor anything else gets through). The call still returns within
+// the release timeout (plus a second over lib/pq, which does not end a
+// statement when its context ends), with ctx's error saying the grant is
+// in doubt; the connection is given up once the driver returns.
+func TestDriversCancelledGrantSilentNetwork(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		protectedTable(t, admin, "work", "id int PRIMARY KEY")
+		var fence int64
+		if err := admin.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('res', 'ghost', 1000000, NULL)`).Scan(&fence); err != nil {
+			t.Fatal(err)
+		}
+		holder, err := newPool(t, u, "holder").Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Release()
+		for _, q := range []string{`BEGIN`, `SELECT pgfence.declare_token('res', ` + strconv.FormatInt(fence, 10) + `)`, `INSERT INTO work VALUES (1)`} {
+			if _, err := holder.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		defer func() { _, _ = holder.Exec(ctx, `ROLLBACK`) }()
+		mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
+			row, _, err := readLease(ctx, admin, "res")
+			return err == nil && !row.live(), err
+		})
+		px := startProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+		h := d.open(t, px.URL(t, u), "taker")
+		const release = 500 * time.Millisecond
+		c := mustClient(t, h, "taker", leases.WithReleaseTimeout(release))
+		gctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			l, err := c.TryAcquire(gctx, "res", time.Minute)
+			if err == nil {
+				err = fmt.Errorf("granted %v", l)
+			}
+			done <- err
+		}()
+		mustWait(t, 30*time.Second, "the grant to wait for the fence lock", func() (bool, error) {
+			var n int
+			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE datname = current_database() AND application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
+			return n > 0, err
+		})
+		px.Blackhole()
+		cancel()
+		start := time.Now()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "in doubt") {
+				t.Errorf("TryAcquire = %v, want context.Canceled, in doubt", err)
+			}
+			t.Logf("TryAcquire returned %v after %v", err, time.Since(start).Round(time.Millisecond))
+		case <-time.After(release + 10*time.Second): // a second more over lib/pq, and a loaded machine
+			t.Fatalf("TryAcquire had not returned %v after its context ended behind a silent network", time.Since(start))
+		}
+		px.Close()
+		mustWait(t, 30*time.Second, "the taker's connections to be given up", func() (bool, error) { return h.inUse() == 0, nil })
 	})
 }

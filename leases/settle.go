@@ -55,13 +55,17 @@ func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, de
 	}
 	// fail closes the socket: a read deadline would leave pgx draining
 	// it in the background for up to 15s, past the caller's return.
-	cancelled, answered, err := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().Close() },
+	cancelled, answered, err, running := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().Close() },
 		func() error { return conn.QueryRow(context.WithoutCancel(ctx), query, args...).Scan(dest...) })
-	if !cancelled {
+	switch {
+	case !cancelled:
 		conn.Release()
 		return err
+	case running != nil:
+		go func() { <-running; dbx.Destroy(conn) }()
+	default:
+		dbx.Destroy(conn)
 	}
-	dbx.Destroy(conn)
 	return settled(answered, err)
 }
 
@@ -82,13 +86,17 @@ func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, des
 	})
 	stmtCtx, cancelStmt := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelStmt()
-	cancelled, answered, err := c.settle(ctx, cancelRequest, cancelStmt,
+	cancelled, answered, err, running := c.settle(ctx, cancelRequest, cancelStmt,
 		func() error { return dbx.SQL(sc).QueryRow(stmtCtx, query, args...).Scan(dest...) })
-	if !cancelled {
+	switch {
+	case !cancelled:
 		_ = sc.Close()
 		return err
+	case running != nil:
+		go func() { <-running; dbx.Discard(sc) }()
+	default:
+		dbx.Discard(sc)
 	}
-	dbx.Discard(sc)
 	return settled(answered, err)
 }
 
@@ -115,46 +123,66 @@ const otherDriverWait = 250 * time.Millisecond
 // stmt returns, it sends the cancel request and waits for stmt, up to the
 // release timeout (not at all if the request could not be sent) — or,
 // with no cancel request to send (nil), waits otherDriverWait — then calls
-// fail, which must make stmt return at once.
+// fail, which should make stmt return at once, and waits for it at most
+// failWait: a driver that does not end a statement when told to (lib/pq on
+// a silent network sends a cancel request and keeps reading) is not waited
+// for.
 // cancelled says that ctx ended while stmt ran (the connection must then
-// not be reused); answered, that stmt returned before fail.
-func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context) error, fail func(), stmt func() error) (cancelled, answered bool, err error) {
+// not be reused); answered, that stmt returned before fail; running, when
+// not nil, that stmt still runs: it is closed when stmt returns, and the
+// connection must not be touched before (nor stmt's destinations read).
+func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context) error, fail func(), stmt func() error) (cancelled, answered bool, err error, running <-chan struct{}) {
 	finished := make(chan struct{})
-	cleaned := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(cleaned)
-		wait := c.cfg.releaseTimeout
-		if cancelRequest == nil {
-			wait = min(wait, otherDriverWait)
-		}
-		wctx, wcancel := context.WithTimeout(context.Background(), wait)
-		defer wcancel()
-		if cancelRequest != nil && cancelRequest(wctx) != nil {
-			// Not delivered (the server, or the way to it, is down): no
-			// answer will come that the statement has not given yet.
-			wcancel()
-		}
+	var stmtErr error
+	go func() {
+		stmtErr = stmt()
+		close(finished)
+	}()
+	select {
+	case <-finished:
+		return false, true, stmtErr, nil
+	case <-ctx.Done():
 		select {
-		case <-finished:
-		case <-wctx.Done():
-		}
-		select {
-		case <-finished:
-			answered = true
-			return
+		case <-finished: // both at once: it was not cancelled
+			return false, true, stmtErr, nil
 		default:
 		}
-		fail()
-		<-finished
-	})
-	err = stmt()
-	close(finished)
-	if stop() {
-		return false, true, err
 	}
-	<-cleaned
-	return true, answered, err
+	wait := c.cfg.releaseTimeout
+	if cancelRequest == nil {
+		wait = min(wait, otherDriverWait)
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), wait)
+	defer wcancel()
+	if cancelRequest != nil && cancelRequest(wctx) != nil {
+		// Not delivered (the server, or the way to it, is down): no
+		// answer will come that the statement has not given yet.
+		wcancel()
+	}
+	select {
+	case <-finished:
+		return true, true, stmtErr, nil
+	case <-wctx.Done():
+	}
+	select {
+	case <-finished: // it answered just now
+		return true, true, stmtErr, nil
+	default:
+	}
+	fail()
+	t := time.NewTimer(failWait)
+	defer t.Stop()
+	select {
+	case <-finished:
+		return true, false, stmtErr, nil
+	case <-t.C:
+		return true, false, errInDoubt, finished
+	}
 }
+
+// failWait bounds how long settle waits for a statement it made fail: a
+// closed socket (pgx) ends it at once.
+const failWait = time.Second
 
 // gaveUp is the error of grant op, by owner, whose statement ended with
 // err after its context ended: the context's, and whether the outcome is
