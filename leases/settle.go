@@ -55,7 +55,7 @@ func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, de
 	}
 	// fail closes the socket: a read deadline would leave pgx draining
 	// it in the background for up to 15s, past the caller's return.
-	cancelled, answered, err, running := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().Close() },
+	cancelled, answered, running, err := c.settle(ctx, cancelRequest, func() { _ = pg.Conn().Close() },
 		func() error { return conn.QueryRow(context.WithoutCancel(ctx), query, args...).Scan(dest...) })
 	switch {
 	case !cancelled:
@@ -86,7 +86,7 @@ func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, des
 	})
 	stmtCtx, cancelStmt := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelStmt()
-	cancelled, answered, err, running := c.settle(ctx, cancelRequest, cancelStmt,
+	cancelled, answered, running, err := c.settle(ctx, cancelRequest, cancelStmt,
 		func() error { return dbx.SQL(sc).QueryRow(stmtCtx, query, args...).Scan(dest...) })
 	switch {
 	case !cancelled:
@@ -131,7 +131,7 @@ const otherDriverWait = 250 * time.Millisecond
 // not be reused); answered, that stmt returned before fail; running, when
 // not nil, that stmt still runs: it is closed when stmt returns, and the
 // connection must not be touched before (nor stmt's destinations read).
-func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context) error, fail func(), stmt func() error) (cancelled, answered bool, err error, running <-chan struct{}) {
+func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context) error, fail func(), stmt func() error) (cancelled, answered bool, running <-chan struct{}, err error) {
 	finished := make(chan struct{})
 	var stmtErr error
 	go func() {
@@ -140,11 +140,11 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 	}()
 	select {
 	case <-finished:
-		return false, true, stmtErr, nil
+		return false, true, nil, stmtErr
 	case <-ctx.Done():
 		select {
 		case <-finished: // both at once: it was not cancelled
-			return false, true, stmtErr, nil
+			return false, true, nil, stmtErr
 		default:
 		}
 	}
@@ -161,12 +161,12 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 	}
 	select {
 	case <-finished:
-		return true, true, stmtErr, nil
+		return true, true, nil, stmtErr
 	case <-wctx.Done():
 	}
 	select {
 	case <-finished: // it answered just now
-		return true, true, stmtErr, nil
+		return true, true, nil, stmtErr
 	default:
 	}
 	fail()
@@ -174,9 +174,9 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 	defer t.Stop()
 	select {
 	case <-finished:
-		return true, false, stmtErr, nil
+		return true, false, nil, stmtErr
 	case <-t.C:
-		return true, false, errInDoubt, finished
+		return true, false, finished, errInDoubt
 	}
 }
 
