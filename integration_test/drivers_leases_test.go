@@ -286,3 +286,59 @@ func TestDriversCancelledGrantSilentNetwork(t *testing.T) {
 		mustWait(t, 30*time.Second, "the taker's connections to be given up", func() (bool, error) { return h.inUse() == 0, nil })
 	})
 }
+
+// TestDriversLeaseSilentNetwork (scenario: the network between a lease's
+// holder and the server goes silent — packets dropped, nothing closed).
+// Over every driver the Lease's Context ends by its local deadline,
+// before the server's expiry, and Release and Close return within their
+// bounds: the keepalive's renewals, which no driver may end in time (lib/pq
+// does not end a statement when its context ends), do not hold them up.
+func TestDriversLeaseSilentNetwork(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		px := startProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+		h := d.open(t, px.URL(t, u), "holder")
+		const ttl, release = 2 * time.Second, 500 * time.Millisecond
+		c, err := h.client(leases.WithOwner("holder"), leases.WithReleaseTimeout(release))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := c.TryAcquire(ctx, "res", ttl)
+		if err != nil {
+			t.Fatalf("TryAcquire: %v", err)
+		}
+		px.Blackhole()
+		start := time.Now()
+		select {
+		case <-l.Done():
+			t.Logf("the Lease's Context ended %v after the network went silent", time.Since(start).Round(time.Millisecond))
+		case <-time.After(ttl + 10*time.Second):
+			t.Fatalf("the Lease's Context had not ended %v after the network went silent (TTL %v)", time.Since(start), ttl)
+		}
+		row, _, err := readLease(ctx, admin, "res")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !row.live() {
+			t.Errorf("the Lease's Context ended after the server's expiry (%v)", row.ExpiresAt)
+		}
+		rstart := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_ = l.Release(rctx) // it fails: the network is silent
+		if took := time.Since(rstart); took > 10*time.Second {
+			t.Errorf("Release(ctx with a 1s timeout) took %v", took)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		select {
+		case <-closed:
+		case <-time.After(release + 10*time.Second):
+			px.Close()
+			<-closed
+			t.Fatalf("Close had not returned %v after it was called behind a silent network", release+10*time.Second)
+		}
+		px.Close()
+		mustWait(t, 30*time.Second, "the holder's connections to be given up", func() (bool, error) { return h.inUse() == 0, nil })
+	})
+}

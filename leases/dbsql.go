@@ -25,6 +25,10 @@ import (
 //     can wait for: the grant's statement is waited for up to 250ms, then
 //     its context is cancelled (lib/pq then sends a cancel request of its
 //     own) and the call reports the grant in doubt.
+//   - Every statement returns when its context ends, even where the driver
+//     would go on reading (lib/pq on a silent network, or starting a new
+//     connection): the statement is left to end in the background, and
+//     its connection goes back to db, or is discarded, when it does.
 //
 // Arrays travel as PostgreSQL array literals, which every driver binds,
 // and PostgreSQL errors are read by SQLSTATE from any driver's error (a

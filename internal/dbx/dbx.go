@@ -38,8 +38,14 @@ func BackendPID(ctx context.Context, q Querier) (uint32, error) {
 	return pid, err
 }
 
-// SQL returns h as a Querier.
-func SQL(h Handle) Querier { return sqlQuerier{h} }
+// SQL returns h as a Querier. Over a *sql.DB its statements return when
+// their context ends, whether or not the driver ends them (dbQuerier).
+func SQL(h Handle) Querier {
+	if isDB(h) {
+		return dbQuerier{sqlQuerier{h}}
+	}
+	return sqlQuerier{h}
+}
 
 type sqlQuerier struct{ h Handle }
 
