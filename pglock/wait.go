@@ -182,7 +182,7 @@ func (l *Locker) abandon(w waiter) {
 	// another connection, retrying while the pool has none to spare.
 	for {
 		qctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := bounded(qctx, w.cancelBackend)
+		err := w.cancelBackend(qctx) // bounded by qctx over database/sql too (dbx.SQL)
 		cancel()
 		if err == nil {
 			if answered(time.Until(deadline)) {
@@ -205,21 +205,6 @@ func (l *Locker) abandon(w waiter) {
 	select {
 	case <-w.finished:
 	case <-t.C:
-	}
-}
-
-// bounded returns f(ctx), or ctx's error once ctx ends if f has not
-// returned by then: a driver that does not bound a statement (or a new
-// connection) by its context — lib/pq on a silent network — is left to
-// return in the background.
-func bounded(ctx context.Context, f func(context.Context) error) error {
-	done := make(chan error, 1)
-	go func() { done <- f(ctx) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 
