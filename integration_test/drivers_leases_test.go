@@ -157,21 +157,7 @@ func TestDriversFencing(t *testing.T) {
 func TestDriversCancelledGrant(t *testing.T) {
 	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
 		ctx := ctxT(t, time.Minute)
-		protectedTable(t, admin, "work", "id int PRIMARY KEY")
-		var fence int64
-		if err := admin.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('res', 'ghost', 1000000, NULL)`).Scan(&fence); err != nil {
-			t.Fatal(err)
-		}
-		holder, err := newPool(t, u, "holder").Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Release()
-		for _, q := range []string{`BEGIN`, `SELECT pgfence.declare_token('res', ` + strconv.FormatInt(fence, 10) + `)`, `INSERT INTO work VALUES (1)`} {
-			if _, err := holder.Exec(ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
+		holder := ghostInFencedWrite(t, ctx, u, admin)
 		mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
 			row, _, err := readLease(ctx, admin, "res")
 			return err == nil && !row.live(), err
@@ -230,21 +216,7 @@ func TestDriversCancelledGrant(t *testing.T) {
 func TestDriversCancelledGrantSilentNetwork(t *testing.T) {
 	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
 		ctx := ctxT(t, time.Minute)
-		protectedTable(t, admin, "work", "id int PRIMARY KEY")
-		var fence int64
-		if err := admin.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('res', 'ghost', 1000000, NULL)`).Scan(&fence); err != nil {
-			t.Fatal(err)
-		}
-		holder, err := newPool(t, u, "holder").Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Release()
-		for _, q := range []string{`BEGIN`, `SELECT pgfence.declare_token('res', ` + strconv.FormatInt(fence, 10) + `)`, `INSERT INTO work VALUES (1)`} {
-			if _, err := holder.Exec(ctx, q); err != nil {
-				t.Fatalf("%s: %v", q, err)
-			}
-		}
+		holder := ghostInFencedWrite(t, ctx, u, admin)
 		defer func() { _, _ = holder.Exec(ctx, `ROLLBACK`) }()
 		mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
 			row, _, err := readLease(ctx, admin, "res")
@@ -341,4 +313,29 @@ func TestDriversLeaseSilentNetwork(t *testing.T) {
 		px.Close()
 		mustWait(t, 30*time.Second, "the holder's connections to be given up", func() (bool, error) { return h.inUse() == 0, nil })
 	})
+}
+
+// ghostInFencedWrite grants lease "res" for 1s to an owner nobody runs
+// ("ghost") and opens, on a session of application "holder", a fenced
+// transaction under that grant that writes to a protected table and stays
+// open: once the grant expires, a takeover waits for it (the fence lock).
+// The session is released when t ends; the caller commits or rolls back.
+func ghostInFencedWrite(t *testing.T, ctx context.Context, u string, admin *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	protectedTable(t, admin, "work", "id int PRIMARY KEY")
+	var fence int64
+	if err := admin.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('res', 'ghost', 1000000, NULL)`).Scan(&fence); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := newPool(t, u, "holder").Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(holder.Release)
+	for _, q := range []string{`BEGIN`, `SELECT pgfence.declare_token('res', ` + strconv.FormatInt(fence, 10) + `)`, `INSERT INTO work VALUES (1)`} {
+		if _, err := holder.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return holder
 }
