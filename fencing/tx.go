@@ -25,8 +25,8 @@ var tracer = spans.New(nil, tracerName)
 const spanFencedTx = "pgfence.fenced_tx"
 
 // DB is what the package needs from a database handle: a way to begin a
-// transaction and to run a statement. *pgxpool.Pool, *pgx.Conn and pgx.Tx
-// all satisfy it.
+// transaction and to run a statement. *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn
+// and pgx.Tx all satisfy it.
 //
 // With a pgx.Tx, Begin opens a savepoint ("nested transaction") and the
 // token it declares stays declared until the outer transaction ends, even
