@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // maxIdentifier is PostgreSQL's longest identifier in bytes (NAMEDATALEN-1).
@@ -59,7 +61,7 @@ func Protect(ctx context.Context, db DB, table string) error {
 // pgx.Identifier{"table"} or pgx.Identifier{"schema", "table"}, each part
 // exact and case-sensitive. Use it for names that contain a dot.
 func ProtectIdentifier(ctx context.Context, db DB, table pgx.Identifier) error {
-	if isNil(db) {
+	if dbx.IsNil(db) {
 		return fmt.Errorf("%w: db must not be nil", ErrInvalid)
 	}
 	if ctx == nil {

@@ -3,13 +3,13 @@ package fencing
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/spans"
 )
@@ -121,7 +121,7 @@ func notMigrated(err error) string {
 
 // checkBegin validates the arguments of Begin and BeginDB.
 func checkBegin(ctx context.Context, db any, tok Token) error {
-	if isNil(db) {
+	if dbx.IsNil(db) {
 		return fmt.Errorf("%w: db must not be nil", ErrInvalid)
 	}
 	if ctx == nil {
@@ -247,14 +247,4 @@ func rollback(ctx context.Context, tx pgx.Tx) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
 	_ = tx.Rollback(ctx) // the failure being reported matters more
-}
-
-// isNil reports whether db is nil or a typed nil pointer (a nil
-// *pgxpool.Pool or *sql.DB would otherwise panic inside the driver).
-func isNil(db any) bool {
-	if db == nil {
-		return true
-	}
-	v := reflect.ValueOf(db)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }

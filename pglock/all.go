@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // Several names at once. A set of names is taken in one statement, key by
@@ -212,7 +214,7 @@ func checkXactAll(ctx context.Context, tx pgx.Tx, names []string, op string) (lo
 	if err != nil {
 		return s, err
 	}
-	if tx == nil {
+	if dbx.IsNil(tx) {
 		return s, invalid("transaction", "is nil")
 	}
 	if err := ctx.Err(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Every bad input of the public API returns an error matching ErrInvalid,
@@ -26,6 +27,7 @@ func TestBadInputIsInvalid(t *testing.T) {
 		nilLocker *Locker
 		nilCtx    context.Context
 		nilTx     pgx.Tx
+		typedNil  pgx.Tx = (*pgxpool.Tx)(nil) // a nil *pgxpool.Tx passed as a pgx.Tx
 		nilLk     *Lock
 	)
 	fn := func(context.Context, *Lock) error { t.Error("fn ran on bad input"); return nil }
@@ -80,6 +82,9 @@ func TestBadInputIsInvalid(t *testing.T) {
 		{"TryXactLockAll bad UTF-8", func() error { _, err := TryXactLockAll(ctx, tx, "ok", "a\xffb"); return err },
 			"pglock: invalid names[1]: must be valid UTF-8 (bad byte at 1)"},
 		{"TryXactLockAll nil tx", func() error { _, err := TryXactLockAll(ctx, nilTx, "ok"); return err }, "pglock: invalid transaction: is nil"},
+		{"XactLock typed nil tx", func() error { return XactLock(ctx, typedNil, "ok") }, "pglock: invalid transaction: is nil"},
+		{"TryXactLock typed nil tx", func() error { _, err := TryXactLock(ctx, typedNil, "ok"); return err }, "pglock: invalid transaction: is nil"},
+		{"XactLockAll typed nil tx", func() error { return XactLockAll(ctx, typedNil, "ok", "ok2") }, "pglock: invalid transaction: is nil"},
 		{"TryXactLockAll nil context", func() error { _, err := TryXactLockAll(nilCtx, tx, "ok"); return err }, "pglock: invalid context: is nil"},
 		{"nil Lock Unlock", func() error { return nilLk.Unlock(ctx) }, "pglock: invalid lock: is nil"},
 		{"nil Lock Err", func() error { return nilLk.Err() }, "pglock: invalid lock: is nil"},

@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // XactLock takes the exclusive transaction-scoped lock name on tx, waiting
@@ -58,7 +60,7 @@ func checkXact(ctx context.Context, tx pgx.Tx, name, op string) error {
 	if err := checkCall(ctx, name); err != nil {
 		return err
 	}
-	if tx == nil {
+	if dbx.IsNil(tx) {
 		return invalid("transaction", "is nil")
 	}
 	if err := ctx.Err(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -223,4 +224,15 @@ func intArray[T int32 | int64](ns []T) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// IsNil reports whether v is nil or a typed nil pointer in an interface (a
+// nil *pgxpool.Tx as a pgx.Tx, a nil *sql.DB as a handle), which would
+// otherwise panic inside the driver.
+func IsNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
