@@ -44,7 +44,10 @@ const maxIdentifier = 63
 // itself, but a future partition's own TRUNCATE trigger and a future
 // inheritance child's triggers do not exist until Protect runs again: run
 // it after attaching a partition or adding a child (`pgfence check` lists
-// tables left unguarded).
+// tables left unguarded). A partition detached from a protected table
+// loses the row trigger it had from its parent and keeps its own TRUNCATE
+// trigger: half guarded, and not listed. Protect it again if it is to stay
+// protected (or Unprotect it).
 //
 // Protect is safe to repeat: it replaces the triggers. It needs a role that
 // owns the table and is a pgfence_client (migration 13; before it, the
