@@ -197,7 +197,7 @@ func runCheck(ctx context.Context, pool *pgxpool.Pool, maxHold, maxWait time.Dur
 	for rows.Next() {
 		var l leaseRow
 		if err := rows.Scan(&l.Name, &l.Owner, &l.Fence, &l.AcquiredAt, &l.RenewedAt, &l.ExpiresAt,
-			&l.Expired, &l.ExpiresInSeconds, &l.HeldForSeconds); err != nil {
+			&l.Expired, &l.ExpiresInSeconds, &l.HeldForSeconds, &l.Data); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read long-held leases: %w", err)
 		}

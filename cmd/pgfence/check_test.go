@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -54,6 +55,9 @@ VALUES ($1, $2, $5,
 			t.Fatalf("insert lease %s: %v", l.name, err)
 		}
 	}
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET metadata = '{"shard": 7}' WHERE name = 'reports/older'`); err != nil {
+		t.Fatal(err)
+	}
 
 	// Findings: exit 4, a CRITICAL header with counts and threshold, a table.
 	r := db(t, url, "check", "--max-hold", "1h")
@@ -88,6 +92,10 @@ VALUES ($1, $2, $5,
 	s := rep.Leases[1]
 	// held_for is 2h plus however long the test took to get here: bounded
 	// by the CLI timeout.
+	var data bytes.Buffer
+	if err := json.Compact(&data, rep.Leases[0].Data); err != nil || data.String() != `{"shard":7}` || s.Data != nil {
+		t.Errorf("data: %s and %s, want reports/older's (as leases ls --json shows it) and none", rep.Leases[0].Data, s.Data)
+	}
 	if s.Owner != "worker-a" || s.Fence <= 0 || s.Expired || s.HeldForSeconds == nil ||
 		*s.HeldForSeconds < 7200 || *s.HeldForSeconds > 7200+cliTimeout.Seconds() || s.ExpiresInSeconds <= 0 || s.ExpiresInSeconds > 3600 || !s.ExpiresAt.After(s.AcquiredAt) {
 		t.Errorf("reports/stuck reported as %+v (held for %v)", s, s.HeldForSeconds)

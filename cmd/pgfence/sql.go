@@ -49,13 +49,15 @@ SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata
 // seconds so that they need no interval decoding.
 
 const sqlLongLeases = `
-SELECT name, owner, fence, acquired_at, renewed_at, expires_at, expired,
-       extract(epoch FROM expires_in)::float8 AS expires_in_seconds,
-       extract(epoch FROM held_for)::float8   AS held_for_seconds
-  FROM pgfence.lease_status
- WHERE NOT expired
-   AND held_for > $1
- ORDER BY held_for DESC, name`
+SELECT s.name, s.owner, s.fence, s.acquired_at, s.renewed_at, s.expires_at, s.expired,
+       extract(epoch FROM s.expires_in)::float8 AS expires_in_seconds,
+       extract(epoch FROM s.held_for)::float8   AS held_for_seconds,
+       l.metadata
+  FROM pgfence.lease_status AS s
+  JOIN pgfence.leases AS l ON l.name = s.name
+ WHERE NOT s.expired
+   AND s.held_for > $1
+ ORDER BY s.held_for DESC, s.name`
 
 // sqlBlockedTakeovers lists the sessions in this database that have
 // waited longer than $1 for a lease's fence lock (1885824614,
