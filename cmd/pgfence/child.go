@@ -104,13 +104,21 @@ func exitCode(_ error, ps *os.ProcessState) int {
 // supervise waits for the reaper to exit, passing it signals from sigs,
 // the new local deadlines from deadlines, and the loss when lost closes (the
 // lease or lock is gone: reported on stderr with lossCause). It returns the
-// command's exit status, and closes the control pipe.
+// command's exit status — but 1 for a command that exited 0 after the loss,
+// whose work was cut short or overlapped another holder's — and closes the
+// control pipe.
 func (c *child) supervise(sigs <-chan os.Signal, deadlines <-chan int64, lost <-chan struct{}, what string, lossCause func() error, stderr io.Writer) int {
 	defer c.ctl.Close()
+	wasLost := false
 	for {
 		select {
 		case err := <-c.exited:
-			return exitCode(err, c.reaper.ProcessState)
+			code := exitCode(err, c.reaper.ProcessState)
+			if wasLost && code == exitOK {
+				fmt.Fprintf(stderr, "pgfence: the command exited 0 after the %s was lost: exit 1, its work may be unfinished\n", what)
+				return exitFailure
+			}
+			return code
 		case s := <-sigs:
 			if sig, ok := s.(syscall.Signal); ok {
 				c.send(fmt.Sprintf("%s %d", msgSignal, sig))
@@ -119,6 +127,7 @@ func (c *child) supervise(sigs <-chan os.Signal, deadlines <-chan int64, lost <-
 			c.send(fmt.Sprintf("%s %d", msgDeadline, d))
 		case <-lost:
 			lost = nil // fires once
+			wasLost = true
 			fmt.Fprintf(stderr, "pgfence: %s lost: %v\n", what, lossCause())
 			c.send(msgStop)
 		}

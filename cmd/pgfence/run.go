@@ -71,9 +71,10 @@ The command runs in its own process group: SIGINT, SIGTERM, SIGHUP, SIGUSR1
 and SIGUSR2 sent to pgfence are forwarded to it (so it should not read from
 a terminal).
 
-Exit status: the command's (128+N if it died of signal N); 75 when held with
---no-wait; 126/127 when the command cannot be executed or is not found; 1 or
-69 when pgfence could not take the lease; 2 for bad usage.
+Exit status: the command's (128+N if it died of signal N), but 1 if it
+exited 0 after the lease or lock was lost; 75 when held with --no-wait;
+126/127 when the command cannot be executed or is not found; 1 or 69 when
+pgfence could not take the lease; 2 for bad usage.
 
 Flags go before the command; '--' before the command is optional.
 

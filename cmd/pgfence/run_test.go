@@ -179,7 +179,8 @@ func TestRunForwardsSignals(t *testing.T) {
 }
 
 // Force-releasing the lease stops the command: SIGTERM, and SIGKILL after
-// --grace when it ignores SIGTERM.
+// --grace when it ignores SIGTERM; pgfence then exits with the command's
+// status, or 1 if that says success.
 func TestRunStopsCommandWhenLeaseLost(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -190,6 +191,9 @@ func TestRunStopsCommandWhenLeaseLost(t *testing.T) {
 	}{
 		{"obeys SIGTERM", `echo ready; exec sleep 60`, 1500 * time.Millisecond, 128 + 15},
 		{"ignores SIGTERM", `trap '' TERM; echo ready; while :; do sleep 0.05; done`, time.Second, 128 + 9},
+		// A command that handles SIGTERM and exits 0 did not finish its
+		// work under the lease: pgfence does not report success.
+		{"exits 0 on SIGTERM", `trap 'exit 0' TERM; echo ready; while :; do sleep 0.05; done`, 1500 * time.Millisecond, exitFailure},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
