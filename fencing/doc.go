@@ -27,7 +27,11 @@
 // same, or SELECT pgfence.declare_token($1, $2) where only a query can go.
 // The declaration is bound to the transaction's id: it ends with the
 // transaction and is honoured by no other — not by a later transaction on
-// a pooled connection, not when set with SET or PGOPTIONS.
+// a pooled connection, not when set with SET or PGOPTIONS for the session.
+// (A session that deliberately SETs it for the id the next transaction will
+// get can make that transaction's undeclared writes pass; it needs a
+// current token, which it could as well declare: the binding catches
+// forgotten declarations, not hostile sessions.)
 //
 // # The guard
 //
