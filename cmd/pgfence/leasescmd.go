@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/internal/names"
@@ -40,18 +41,16 @@ fence.`,
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			var rows []leaseRow
-			err := bounded(ctx, 0, func(ctx context.Context) (err error) {
-				rows, err = listLeases(ctx, g)
-				return err
+			return withPool(ctx, g, "pgfence leases", 1, 0, func(ctx context.Context, pool *pgxpool.Pool, now time.Time) error {
+				rows, err := listLeases(ctx, pool, now)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), rows)
+				}
+				return printLeases(cmd, rows)
 			})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), rows)
-			}
-			return printLeases(cmd, rows)
 		}),
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array of objects) instead of a table")
@@ -189,33 +188,38 @@ The role needs pgfence_operator.`,
 	return cmd
 }
 
-// withLeases opens a pool and a leases client for one command, checks the
-// schema, reads the database clock, and closes everything after fn; all of
-// it bounded (see bounded) by answerTimeout plus wait, the waits the
-// command was asked for.
-func withLeases(ctx context.Context, g *globals, app string, wait time.Duration, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
-	return bounded(ctx, wait, func(ctx context.Context) error { return leasesDo(ctx, g, app, opts, fn) })
+// withPool opens a pool of conns connections for one command, checks the
+// schema, reads the database clock, runs fn and closes the pool; all of it
+// bounded (see bounded) by answerTimeout plus wait, the waits the command
+// was asked for.
+func withPool(ctx context.Context, g *globals, app string, conns int32, wait time.Duration, fn func(context.Context, *pgxpool.Pool, time.Time) error) error {
+	return bounded(ctx, wait, func(ctx context.Context) error {
+		pool, err := openPool(ctx, g.connString(), app, conns)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := checkSchema(ctx, pool); err != nil {
+			return err
+		}
+		var now time.Time
+		if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+			return fmt.Errorf("read the database clock: %w", err)
+		}
+		return fn(ctx, pool, now)
+	})
 }
 
-func leasesDo(ctx context.Context, g *globals, app string, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
-	pool, err := openPool(ctx, g.connString(), app, 2)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
-		return err
-	}
-	var now time.Time
-	if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
-		return fmt.Errorf("read the database clock: %w", err)
-	}
-	lc, err := leases.New(pool, opts...)
-	if err != nil {
-		return fmt.Errorf("leases client: %w", err)
-	}
-	defer lc.Close()
-	return fn(ctx, lc, now)
+// withLeases is withPool with a leases client on the pool.
+func withLeases(ctx context.Context, g *globals, app string, wait time.Duration, opts []leases.Option, fn func(context.Context, *leases.Client, time.Time) error) error {
+	return withPool(ctx, g, app, 2, wait, func(ctx context.Context, pool *pgxpool.Pool, now time.Time) error {
+		lc, err := leases.New(pool, opts...)
+		if err != nil {
+			return fmt.Errorf("leases client: %w", err)
+		}
+		defer lc.Close()
+		return fn(ctx, lc, now)
+	})
 }
 
 // blockedAdvice adds to a release's *leases.BlockedError what the operator
@@ -308,20 +312,8 @@ func newLeaseRow(in leases.Info, now time.Time) leaseRow {
 }
 
 // listLeases reads every row of the lease table, expired ones too, judged
-// by the database clock read just before.
-func listLeases(ctx context.Context, g *globals) ([]leaseRow, error) {
-	pool, err := openPool(ctx, g.connString(), "pgfence leases", 1)
-	if err != nil {
-		return nil, err
-	}
-	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
-		return nil, err
-	}
-	var now time.Time
-	if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
-		return nil, fmt.Errorf("read the database clock: %w", err)
-	}
+// by now, the database clock.
+func listLeases(ctx context.Context, pool *pgxpool.Pool, now time.Time) ([]leaseRow, error) {
 	rs, err := pool.Query(ctx, sqlLeases)
 	if err != nil {
 		return nil, schemaHint(fmt.Errorf("list leases: %w", err))
