@@ -399,7 +399,7 @@ func queryPrepared(ctx context.Context, q dbx.Querier, name string) ([]PreparedT
 // blockers describes the backends that block backend pid, a
 // force-release of lease name (see sqlBlockers).
 func (c *Client) blockers(ctx context.Context, pid uint32, name string) ([]Backend, error) {
-	return queryBackends(ctx, c.q, sqlBlockers, int64(pid), name)
+	return queryBackends(ctx, c.q, sqlBlockers, name, int64(pid))
 }
 
 // queryBackends runs on q a query that starts with sqlBackends.

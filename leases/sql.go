@@ -72,14 +72,12 @@ const (
   FROM pg_stat_activity AS a
 `
 
-	// sqlBlockers describes the backends that block backend $1, a
-	// force-release of lease $2, but those queued ahead of it for the
+	// sqlBlockers describes the backends that block backend $2, a
+	// force-release of lease $1, but those queued ahead of it for the
 	// lease's fence lock: pg_blocking_pids lists them too, and a waiting
 	// takeover is no more in the way than the force-release itself.
-	sqlBlockers = sqlBackends + ` WHERE a.pid = ANY (pg_blocking_pids($1))
-   AND NOT EXISTS (SELECT FROM pg_locks AS w
-                    WHERE w.pid = a.pid AND NOT w.granted AND w.locktype = 'advisory'
-                      AND w.classid = 1885824614 AND w.objid = pg_catalog.hashtext($2)::oid AND w.objsubid = 2)
+	sqlBlockers = sqlBackends + ` WHERE a.pid = ANY (pg_blocking_pids($2))
+   AND NOT EXISTS (SELECT FROM pg_locks AS k WHERE k.pid = a.pid AND NOT k.granted AND ` + fenceLock + `)
  ORDER BY a.pid`
 
 	// sqlFenceHolders describes the backends other than $2 that hold the
@@ -101,12 +99,13 @@ const (
                   AND k.pid IS NULL AND ` + fenceLockHeld + `)
  ORDER BY p.prepared, p.gid`
 
-	// fenceLockHeld matches the pg_locks rows k of the fence lock of lease
-	// $1 in this database, held (see pgfence.token_fence; keyed by
-	// hashtext(lease) from migration 9).
-	fenceLockHeld = `k.locktype = 'advisory' AND k.granted
+	// fenceLock matches the pg_locks rows k of the fence lock of lease $1
+	// in this database, held or awaited (see pgfence.token_fence; keyed by
+	// hashtext(lease) from migration 9); fenceLockHeld, those held.
+	fenceLock = `k.locktype = 'advisory'
                   AND k.classid = 1885824614 AND k.objid = pg_catalog.hashtext($1)::oid AND k.objsubid = 2
                   AND k.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())`
+	fenceLockHeld = fenceLock + ` AND k.granted`
 
 	// sqlGet reads a lease's live grant, with the time to its expiry.
 	sqlGet = `SELECT name, owner, fence, acquired_at, renewed_at, expires_at, metadata,
