@@ -124,9 +124,9 @@ const otherDriverWait = 250 * time.Millisecond
 // release timeout (not at all if the request could not be sent) — or,
 // with no cancel request to send (nil), waits otherDriverWait — then calls
 // fail, which should make stmt return at once, and waits for it at most
-// failWait: a driver that does not end a statement when told to (lib/pq on
-// a silent network sends a cancel request and keeps reading) is not waited
-// for.
+// dbx.FailWait: a driver that does not end a statement when told to
+// (lib/pq on a silent network sends a cancel request and keeps reading) is
+// not waited for.
 // cancelled says that ctx ended while stmt ran (the connection must then
 // not be reused); answered, that stmt returned before fail; running, when
 // not nil, that stmt still runs: it is closed when stmt returns, and the
@@ -170,7 +170,7 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 	default:
 	}
 	fail()
-	t := time.NewTimer(failWait)
+	t := time.NewTimer(dbx.FailWait)
 	defer t.Stop()
 	select {
 	case <-finished:
@@ -179,10 +179,6 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 		return true, false, finished, errInDoubt
 	}
 }
-
-// failWait bounds how long settle waits for a statement it made fail: a
-// closed socket (pgx) ends it at once.
-const failWait = time.Second
 
 // gaveUp is the error of grant op, by owner, whose statement ended with
 // err after its context ended: the context's, and whether the outcome is

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
@@ -152,7 +153,7 @@ type waiter struct {
 // abandon ends the wait of w after its context ended. It returns when the
 // statement has returned or the unlock timeout has passed; in the latter
 // case it makes the statement fail (w.fail) and waits for it, at most
-// failWait: a driver that does not end a statement at its context's end
+// dbx.FailWait: a driver that does not end a statement at its context's end
 // (lib/pq on a silent network sends a cancel request and keeps reading)
 // is left to return in the background.
 func (l *Locker) abandon(w waiter) {
@@ -200,14 +201,10 @@ func (l *Locker) abandon(w waiter) {
 	// Nothing answered: fail the statement now; the caller destroys the
 	// connection.
 	w.fail()
-	t := time.NewTimer(failWait)
+	t := time.NewTimer(dbx.FailWait)
 	defer t.Stop()
 	select {
 	case <-w.finished:
 	case <-t.C:
 	}
 }
-
-// failWait bounds how long abandon waits for a statement it made fail: a
-// closed socket (pgx) ends it at once.
-const failWait = time.Second

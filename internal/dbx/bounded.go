@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"reflect"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,6 +20,13 @@ import (
 // dropped. Only a *sql.DB: a statement left running on a pinned
 // *sql.Conn or *sql.Tx would hold up the next one on it anyway.
 type dbQuerier struct{ q sqlQuerier }
+
+// FailWait bounds how long pglock and leases wait for a statement they
+// made fail (by closing its socket, or cancelling its context) before
+// leaving it to end in the background: a closed socket (pgx) ends it at
+// once, a driver that ignores its context (lib/pq on a silent network)
+// may not for minutes.
+const FailWait = time.Second
 
 // outcome is what a statement run in the background gave.
 type outcome[T any] struct {
