@@ -181,7 +181,9 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		return nil, s.opErr(m.op, err)
 	case taken < len(s.keys):
 		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
-		return nil, l.refused(ctx, conn, s, taken, m.op)
+		herr := refusal(ctx, conn, s, taken, m.op) // the statement gave the names back
+		conn.Release()
+		return nil, herr
 	}
 	// On a direct connection the answering backend is the one the
 	// connection was opened to, and there is nothing to check: the session
@@ -248,14 +250,6 @@ func try(ctx context.Context, q dbx.Querier, keys []int64, shared bool, known ui
 		return pid, 0, err
 	}
 	return pid, 1, err
-}
-
-// refused ends a try that PostgreSQL refused at s.keys[taken]: see
-// refusal; the session holds none of s.keys, and conn goes back.
-func (l *Locker) refused(ctx context.Context, conn *pgxpool.Conn, s lockSet, taken int, op string) error {
-	herr := refusal(ctx, conn, s, taken, op)
-	conn.Release()
-	return herr
 }
 
 // refusal reads, on q, who holds s.keys[taken], and returns the
