@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
@@ -153,11 +154,7 @@ func TestForceReleaseTerminateSparesAWaitingTakeover(t *testing.T) {
 	url := pgtest.URL(t)
 	frozen := frozenFencedHolder(t, url, "stuck", 1_000_000)
 	pool := pgtest.PoolFor(t, url)
-	pgtest.WaitFor(t, 30*time.Second, "the frozen holder's grant to expire", func() bool {
-		var expired bool
-		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'stuck'`).Scan(&expired)
-		return err == nil && expired
-	})
+	awaitExpiry(t, pool, "stuck")
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
@@ -210,15 +207,9 @@ func TestForceReleaseTerminateSparesAWaitingTakeover(t *testing.T) {
 // of waiting — a hung pgfence and a backend more at every tick.
 func TestRunNoWaitBehindAFrozenHolder(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	url := pgtest.URL(t)
 	frozenFencedHolder(t, url, "nowait", 1_000_000)
-	pool := pgtest.PoolFor(t, url)
-	pgtest.WaitFor(t, 30*time.Second, "the frozen holder's grant to expire", func() bool {
-		var expired bool
-		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'nowait'`).Scan(&expired)
-		return err == nil && expired
-	})
+	awaitExpiry(t, pgtest.PoolFor(t, url), "nowait")
 	start := time.Now()
 	r := db(t, url, "run", "--lease", "nowait", "--ttl", "5s", "--no-wait", "--", "echo", "ran")
 	took := time.Since(start)
@@ -228,4 +219,15 @@ func TestRunNoWaitBehindAFrozenHolder(t *testing.T) {
 	if took > 30*time.Second { // the 5s bound plus process start on a loaded machine
 		t.Errorf("run --no-wait took %v", took)
 	}
+}
+
+// awaitExpiry waits until the grant of lease name has expired by the
+// database clock.
+func awaitExpiry(t *testing.T, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	pgtest.WaitFor(t, 30*time.Second, "the grant of "+name+" to expire", func() bool {
+		var expired bool
+		err := pool.QueryRow(context.Background(), `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = $1`, name).Scan(&expired)
+		return err == nil && expired
+	})
 }
