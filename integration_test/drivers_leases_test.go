@@ -158,28 +158,9 @@ func TestDriversCancelledGrant(t *testing.T) {
 	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
 		ctx := ctxT(t, time.Minute)
 		holder := ghostInFencedWrite(t, ctx, u, admin)
-		mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
-			row, _, err := readLease(ctx, admin, "res")
-			return err == nil && !row.live(), err
-		})
-		waiting := func() (bool, error) {
-			var n int
-			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE datname = current_database() AND application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
-			return n > 0, err
-		}
-
-		c := mustClient(t, d.open(t, u, "taker"), "taker")
-		gctx, cancel := context.WithCancel(ctx)
+		waiting := takerWaiting(ctx, admin)
+		done, cancel := tryInBackground(ctx, mustClient(t, d.open(t, u, "taker"), "taker"))
 		defer cancel()
-		done := make(chan error, 1)
-		go func() {
-			l, err := c.TryAcquire(gctx, "res", time.Minute)
-			if err == nil {
-				err = fmt.Errorf("granted %v", l)
-			}
-			done <- err
-		}()
 		mustWait(t, 30*time.Second, "the grant to wait for the fence lock", waiting)
 		cancel()
 		start := time.Now()
@@ -218,30 +199,12 @@ func TestDriversCancelledGrantSilentNetwork(t *testing.T) {
 		ctx := ctxT(t, time.Minute)
 		holder := ghostInFencedWrite(t, ctx, u, admin)
 		defer func() { _, _ = holder.Exec(ctx, `ROLLBACK`) }()
-		mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
-			row, _, err := readLease(ctx, admin, "res")
-			return err == nil && !row.live(), err
-		})
-		px := startProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+		px := proxyTo(t, admin)
 		h := d.open(t, px.URL(t, u), "taker")
 		const release = 500 * time.Millisecond
-		c := mustClient(t, h, "taker", leases.WithReleaseTimeout(release))
-		gctx, cancel := context.WithCancel(ctx)
+		done, cancel := tryInBackground(ctx, mustClient(t, h, "taker", leases.WithReleaseTimeout(release)))
 		defer cancel()
-		done := make(chan error, 1)
-		go func() {
-			l, err := c.TryAcquire(gctx, "res", time.Minute)
-			if err == nil {
-				err = fmt.Errorf("granted %v", l)
-			}
-			done <- err
-		}()
-		mustWait(t, 30*time.Second, "the grant to wait for the fence lock", func() (bool, error) {
-			var n int
-			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE datname = current_database() AND application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
-			return n > 0, err
-		})
+		mustWait(t, 30*time.Second, "the grant to wait for the fence lock", takerWaiting(ctx, admin))
 		px.Blackhole()
 		cancel()
 		start := time.Now()
@@ -268,7 +231,7 @@ func TestDriversCancelledGrantSilentNetwork(t *testing.T) {
 func TestDriversLeaseSilentNetwork(t *testing.T) {
 	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
 		ctx := ctxT(t, time.Minute)
-		px := startProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+		px := proxyTo(t, admin)
 		h := d.open(t, px.URL(t, u), "holder")
 		const ttl, release = 2 * time.Second, 500 * time.Millisecond
 		c, err := h.client(leases.WithOwner("holder"), leases.WithReleaseTimeout(release))
@@ -316,10 +279,11 @@ func TestDriversLeaseSilentNetwork(t *testing.T) {
 }
 
 // ghostInFencedWrite grants lease "res" for 1s to an owner nobody runs
-// ("ghost") and opens, on a session of application "holder", a fenced
+// ("ghost"), opens, on a session of application "holder", a fenced
 // transaction under that grant that writes to a protected table and stays
-// open: once the grant expires, a takeover waits for it (the fence lock).
-// The session is released when t ends; the caller commits or rolls back.
+// open, and waits for the grant to expire: a takeover now waits for the
+// transaction (the fence lock). The session is released when t ends; the
+// caller commits or rolls back.
 func ghostInFencedWrite(t *testing.T, ctx context.Context, u string, admin *pgxpool.Pool) *pgxpool.Conn {
 	t.Helper()
 	protectedTable(t, admin, "work", "id int PRIMARY KEY")
@@ -337,5 +301,36 @@ func ghostInFencedWrite(t *testing.T, ctx context.Context, u string, admin *pgxp
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
+	mustWait(t, 30*time.Second, "the ghost's grant to expire", func() (bool, error) {
+		row, _, err := readLease(ctx, admin, "res")
+		return err == nil && !row.live(), err
+	})
 	return holder
+}
+
+// takerWaiting reports whether a session of application "taker" in
+// admin's database waits for an advisory lock (the fence lock).
+func takerWaiting(ctx context.Context, admin *pgxpool.Pool) func() (bool, error) {
+	return func() (bool, error) {
+		var n int
+		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE datname = current_database() AND application_name = 'taker' AND state = 'active' AND wait_event = 'advisory'`).Scan(&n)
+		return n > 0, err
+	}
+}
+
+// tryInBackground runs c.TryAcquire of "res" in a goroutine under a
+// context of its own, ended by the returned cancel; done receives its
+// error (a grant is an error here).
+func tryInBackground(ctx context.Context, c *leases.Client) (done <-chan error, cancel context.CancelFunc) {
+	gctx, cancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() {
+		l, err := c.TryAcquire(gctx, "res", time.Minute)
+		if err == nil {
+			err = fmt.Errorf("granted %v", l)
+		}
+		ch <- err
+	}()
+	return ch, cancel
 }

@@ -3,7 +3,6 @@ package integration_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"testing"
 	"time"
 
@@ -183,7 +182,7 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 func TestDriversLockSilentNetwork(t *testing.T) {
 	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
 		ctx := ctxT(t, time.Minute)
-		px := startProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+		px := proxyTo(t, admin)
 		h := d.open(t, px.URL(t, u), "holder")
 		const interval, timeout, unlock = 200 * time.Millisecond, 300 * time.Millisecond, 500 * time.Millisecond
 		l := mustLocker(t, h, pglock.WithLivenessCheck(interval, timeout), pglock.WithUnlockTimeout(unlock))

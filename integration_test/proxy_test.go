@@ -4,11 +4,13 @@ import (
 	"context"
 	"net"
 	"net/url"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/redact"
 )
@@ -80,6 +82,13 @@ func startProxyDial(t *testing.T, dial func(ctx context.Context) (net.Conn, erro
 
 // Addr is the proxy's listening address, host:port.
 func (p *proxy) Addr() string { return p.ln.Addr().String() }
+
+// proxyTo starts a proxy to the server of pool (startProxy).
+func proxyTo(t *testing.T, pool *pgxpool.Pool) *proxy {
+	t.Helper()
+	cfg := pool.Config().ConnConfig
+	return startProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+}
 
 // URL returns databaseURL with its host and port replaced by the proxy's.
 func (p *proxy) URL(t *testing.T, databaseURL string) string {
