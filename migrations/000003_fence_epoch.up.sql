@@ -11,8 +11,8 @@
 -- records that in every WAL file name. pgfence.fence_epoch remembers the
 -- server (system identifier) and timeline that last drew fences. Grants draw
 -- through pgfence.next_fence(), which compares the server's current epoch
--- with the recorded one. When they differ — a promotion, a PITR, a base
--- backup restored as a new primary, a dump restored into another cluster —
+-- with the recorded one. When they differ -- a promotion, a PITR, a base
+-- backup restored as a new primary, a dump restored into another cluster --
 -- it first advances the sequence by a large gap and records the new epoch,
 -- so every fence drawn on the new epoch exceeds every fence the lost WAL can
 -- have handed out, as long as the lost tail held fewer than `gap` draws.
@@ -60,7 +60,7 @@ $$;
 INSERT INTO pgfence.fence_epoch (system_identifier, timeline)
 SELECT e.system_identifier, e.timeline FROM pgfence.server_epoch() AS e;
 
--- advance_epoch moves the sequence on by gap × steps (steps: the number of
+-- advance_epoch moves the sequence on by gap x steps (steps: the number of
 -- timelines moved since the recorded epoch, at least 1) and records the
 -- server's epoch, under the epoch row's lock so concurrent callers advance
 -- once. With force false it does nothing if the epoch is already current
@@ -102,7 +102,7 @@ BEGIN
     IF target > 9223372036854775807 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'sequence_generator_limit_exceeded',
-            MESSAGE = format('pgfence: advancing fences by %s × %s from %s would exceed bigint', gap, steps, last);
+            MESSAGE = format('pgfence: advancing fences by %s x %s from %s would exceed bigint', gap, steps, last);
     END IF;
     PERFORM setval('pgfence.fence_seq', target::bigint, true);
     INSERT INTO pgfence.fence_epoch AS e (singleton, system_identifier, timeline, bumped_at)

@@ -7,8 +7,8 @@
 --                 microseconds since the Unix epoch by clock_timestamp(),
 --                 pgfence.fence_floor + 1)
 --    so it exceeds every earlier fence of the lease that survives in the
---    table, and — because time moves on while an old history is lost and a
---    new one takes over — every fence a lost history issued: a failover to
+--    table, and -- because time moves on while an old history is lost and a
+--    new one takes over -- every fence a lost history issued: a failover to
 --    an asynchronous standby, two promotions that both reach timeline 2, a
 --    dump restored over newer data, a PITR, a volume snapshot rolled back.
 --    The one assumption is the server clock: a new primary's clock must not
@@ -28,7 +28,7 @@
 --    transaction (pgfence.declare_token binds it to the transaction's id:
 --    a session-level SET, or one left over from an earlier transaction on a
 --    pooled connection, is not honoured) and only when it names a lease
---    whose current, unexpired grant has that fence — so only fences that
+--    whose current, unexpired grant has that fence -- so only fences that
 --    were issued, and are still held, can write.
 BEGIN;
 
@@ -170,7 +170,7 @@ BEGIN
 END
 $$;
 
--- renew extends one grant — exactly (lease, owner, fence) — to ttl_us from
+-- renew extends one grant -- exactly (lease, owner, fence) -- to ttl_us from
 -- now, waiting for row locks; NULL means the grant is no longer live: lost.
 CREATE FUNCTION pgfence.renew(lease text, lease_owner text, lease_fence bigint, ttl_us bigint)
     RETURNS timestamptz
@@ -280,7 +280,7 @@ $$;
 -- (the holder's own client listens too). Like a takeover it first takes the
 -- lease's fence lock exclusively, so that the holder's open fenced
 -- transactions end first. Break-glass: it waits at most timeout_ms for that
--- — a frozen holder inside an open fenced transaction holds it — and then
+-- -- a frozen holder inside an open fenced transaction holds it -- and then
 -- fails with SQLSTATE 55P03 (lock_not_available).
 -- true: a live grant was ended; false: it had expired; NULL: no such lease.
 CREATE FUNCTION pgfence.force_release(lease text, timeout_ms integer DEFAULT 5000)
@@ -350,7 +350,7 @@ $$;
 -- declare_token declares the fencing token of the current transaction: the
 -- grant (lease, fence) under which its writes to protected tables are made.
 -- It binds the declaration to this transaction's id, so it is honoured by
--- no other transaction — not after COMMIT or ROLLBACK, not through a pooled
+-- no other transaction -- not after COMMIT or ROLLBACK, not through a pooled
 -- connection. It checks nothing else: the guard checks the grant on each
 -- write. This is the one way to declare a token in SQL:
 --     BEGIN;
@@ -378,7 +378,7 @@ $$;
 -- unexpired grant of the lease it names (PF001 otherwise).
 --
 -- The fence lock. Before it reads the lease it takes the lease's fence lock
--- — the advisory lock (1885824614 = 'pgff', wait_key(lease)) — shared, until
+-- -- the advisory lock (1885824614 = 'pgff', wait_key(lease)) -- shared, until
 -- the transaction ends. A takeover (try_acquire) and a force-release take it
 -- exclusively, so none commits while this transaction is open: either this
 -- transaction commits first (and the next holder, granted afterwards, sees
@@ -487,7 +487,7 @@ $$;
 -- fence_guard_truncate is the statement trigger protect installs for
 -- TRUNCATE (row triggers do not fire there). It runs as the truncating
 -- role: with row-level security active for that role it refuses, since the
--- role cannot see — and so cannot check — every row it would remove;
+-- role cannot see -- and so cannot check -- every row it would remove;
 -- otherwise the token must be honoured and not lower than any fence stored
 -- in the table or below it (so TRUNCATE of a parent is checked even for a
 -- partition attached after protect, whose own TRUNCATE is not).
@@ -522,7 +522,7 @@ END
 $$;
 
 -- protect installs the guard on an ordinary or partitioned table whose fence
--- column is bigint, and on every table below it — partitions and
+-- column is bigint, and on every table below it -- partitions and
 -- inheritance children, present ones: a BEFORE row trigger for INSERT,
 -- UPDATE and DELETE (pgfence_guard; a partition has it cloned from its
 -- parent) and a BEFORE statement trigger for TRUNCATE

@@ -33,7 +33,7 @@ $$;
 
 -- try_acquire, with data: as the three-argument try_acquire of migration 4,
 -- and the new grant's metadata is data (NULL: none). The result also
--- carries the data of the grant it describes — the new one, or else the
+-- carries the data of the grant it describes -- the new one, or else the
 -- holder's (a leader's published address, say).
 CREATE FUNCTION pgfence.try_acquire(lease text, lease_owner text, ttl_us bigint, data text,
         OUT granted boolean, OUT holder text, OUT fence bigint, OUT acquired_at timestamptz,
@@ -88,8 +88,8 @@ BEGIN
 END
 $$;
 
--- set_data replaces the data of one live grant — exactly (lease, owner,
--- fence) — waiting for row locks, and tells the lease's waiters and
+-- set_data replaces the data of one live grant -- exactly (lease, owner,
+-- fence) -- waiting for row locks, and tells the lease's waiters and
 -- observers, if any. true: replaced; NULL: the grant is no longer live
 -- (expired, released, force-released or taken over) and nothing was
 -- written. Oversize data raises 22023 and writes nothing.

@@ -3,7 +3,7 @@
 -- pinned search_path, executable by pgfence_client only.
 --
 -- 1. Once per period. pgfence.once records that the work of one period of
---    a job (lease name × period key, e.g. 'billing/nightly' × '2026-12-01')
+--    a job (lease name x period key, e.g. 'billing/nightly' x '2026-12-01')
 --    is done. mark_done writes the record inside the caller's fenced
 --    transaction, after pgfence.token_fence has checked the transaction's
 --    token: only the current, unexpired grant of the lease can record, and
@@ -42,7 +42,7 @@ COMMENT ON TABLE pgfence.once IS 'pgfence: periods of a job (lease name) that ar
 -- mark_done records that period of lease is done, in the current
 -- transaction, which must have declared the token of the lease's current
 -- grant (pgfence.declare_token; fencing.InTx does it). true: recorded;
--- false: the period was already recorded — roll back whatever the
+-- false: the period was already recorded -- roll back whatever the
 -- transaction did for it. A stale or missing token raises PF001 or PF002,
 -- as the guard would.
 CREATE FUNCTION pgfence.mark_done(lease text, period text) RETURNS boolean
@@ -69,7 +69,7 @@ BEGIN
 END
 $$;
 
--- release_at_least ends one grant — exactly (lease, owner, fence) — but
+-- release_at_least ends one grant -- exactly (lease, owner, fence) -- but
 -- not before acquired_at + at_least_us (database clock): the grant stays
 -- live until then, unrenewed. true: it was live (and is released now, or at
 -- that time); false: it had already expired; NULL: no such grant. Waiters

@@ -5,9 +5,9 @@ BEGIN;
 -- A fenced transaction holds the fence lock under the new key until it
 -- ends, and has read pgfence.leases. So the functions change only once no
 -- such transaction is open, and none starts before they have: this takes
--- pgfence.leases exclusively. Each attempt queues for at most 100 ms —
+-- pgfence.leases exclusively. Each attempt queues for at most 100 ms --
 -- grants, renewals and fenced writes wait behind it that long at most, so
--- no lease runs out meanwhile — and attempts go on for 10 minutes, time
+-- no lease runs out meanwhile -- and attempts go on for 10 minutes, time
 -- for a long fenced transaction (OnceTx's, say) to end.
 DO $$
 DECLARE
