@@ -1,12 +1,14 @@
 package fencing_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -153,5 +155,59 @@ func TestLeaseNamesInASQLASCIIDatabase(t *testing.T) {
 		r := []rune(tok.Lease)
 		other := fencing.Token{Lease: string(r[:len(r)-1]) + "X", Fence: tok.Fence}
 		wantStale(t, write(pool, other, id, "other"))
+	}
+}
+
+// TestDeclarationRefusedInTheDatabaseEncoding: a lease name Token.Validate
+// accepts (200 bytes of UTF-8) can be longer in the database's encoding —
+// "é" takes two bytes in UTF-8 and three in EUC_JP — and then
+// pgfence.declare refuses it (PF002). Begin and InTx on every kind of
+// handle, and BeginDB, must say ErrNoToken, as a write that declares no
+// token does, and leave no transaction open.
+func TestDeclarationRefusedInTheDatabaseEncoding(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptyURLEncoded(t, "EUC_JP")
+	if err := migrations.Up(bg, u); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.PoolFor(t, u, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["client_encoding"] = "UTF8" })
+	tok := fencing.Token{Lease: strings.Repeat("é", 100), Fence: 1}
+	if err := tok.Validate(); err != nil {
+		t.Fatalf("token of %d bytes of UTF-8: %v", len(tok.Lease), err)
+	}
+	var n int
+	if err := pool.QueryRow(bg, `SELECT octet_length($1::text)`, tok.Lease).Scan(&n); err != nil || n <= 200 {
+		t.Fatalf("octet_length in EUC_JP = %d, %v; want over 200", n, err)
+	}
+	c, err := pool.Acquire(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	for _, h := range []struct {
+		name string
+		db   fencing.DB
+	}{{"pool", pool}, {"*pgxpool.Conn", c}, {"*pgx.Conn", c.Conn()}} {
+		tx, err := fencing.Begin(bg, h.db, tok)
+		if tx != nil || !errors.Is(err, fencing.ErrNoToken) || fencing.IsStale(err) {
+			t.Errorf("Begin on a %s = %v, %v; want an error wrapping ErrNoToken", h.name, tx, err)
+		}
+		if err := fencing.InTx(bg, h.db, tok, func(pgx.Tx) error { return nil }); !errors.Is(err, fencing.ErrNoToken) {
+			t.Errorf("InTx on a %s = %v; want an error wrapping ErrNoToken", h.name, err)
+		}
+		if s := c.Conn().PgConn().TxStatus(); s != 'I' {
+			t.Errorf("after Begin on a %s: transaction status %q, want idle", h.name, s)
+		}
+	}
+	if err := pgx.BeginFunc(bg, c, func(outer pgx.Tx) error {
+		_, err := fencing.Begin(bg, outer, tok)
+		return err
+	}); !errors.Is(err, fencing.ErrNoToken) {
+		t.Errorf("Begin on a pgx.Tx = %v; want an error wrapping ErrNoToken", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if tx, err := fencing.BeginDB(bg, db, tok, nil); tx != nil || !errors.Is(err, fencing.ErrNoToken) {
+		t.Errorf("BeginDB = %v, %v; want an error wrapping ErrNoToken", tx, err)
 	}
 }

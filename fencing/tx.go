@@ -69,7 +69,9 @@ const rollbackTimeout = 5 * time.Second
 // IsStale, or use InTx, which maps it to ErrStale. ctx bounds BEGIN and the
 // declaration; after that, ctx is whatever the caller passes to the
 // transaction's methods. If declaring fails, the transaction is rolled back
-// and Begin returns the error.
+// and Begin returns the error: one matching ErrNoToken if the server
+// refused the token (a name Validate accepts can be longer than 200 bytes
+// in the database's encoding).
 func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	if err := checkBegin(ctx, db, tok); err != nil {
 		return nil, err
@@ -82,7 +84,7 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 				_, _ = conn.Exec(rctx, "ROLLBACK") // the declaration's failure matters more
 				cancel()
 			} // a pool discards a connection left inside a transaction
-			return nil, fmt.Errorf("fencing: begin with token %v%s: %w", tok, notMigrated(err), err)
+			return nil, fmt.Errorf("fencing: begin with token %v%s: %w", tok, notMigrated(err), classify(tok, err))
 		}
 		return tx, nil
 	}
@@ -92,7 +94,7 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	}
 	if _, err := tx.Exec(ctx, sqlDeclareToken, tok.Lease, tok.Fence); err != nil {
 		rollback(ctx, tx)
-		return nil, fmt.Errorf("fencing: declare token %v%s: %w", tok, notMigrated(err), err)
+		return nil, fmt.Errorf("fencing: declare token %v%s: %w", tok, notMigrated(err), classify(tok, err))
 	}
 	return tx, nil
 }
