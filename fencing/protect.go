@@ -35,9 +35,10 @@ const maxIdentifier = 63
 // is sent); otherwise
 // the database's error, wrapped: SQLSTATE 42P01 (no such table), 3F000 (no
 // such schema — the table's, or pgfence's when `pgfence migrate up` has not
-// run), 42703 (no fence column), 42804 (fence is not bigint), 42809 (not a
-// table), 42501 (not the table's owner, or not a pgfence_client). On
-// error nothing changed.
+// run), 42703 (no fence column), 42804 (fence is not bigint), 42P16 (fence
+// is a generated column, which PostgreSQL would compute over the guard's
+// stamp; migration 15), 42809 (not a table), 42501 (not the table's owner,
+// or not a pgfence_client). On error nothing changed.
 //
 // Protect covers the table and every table below it: partitions and
 // inheritance children. The row trigger reaches future partitions by

@@ -30,10 +30,18 @@ func TestProtectErrors(t *testing.T) {
 	mustExec(t, pool, `CREATE TABLE text_fence (id int, fence text)`)
 	mustExec(t, pool, `CREATE VIEW a_view AS SELECT 1::bigint AS fence`)
 	mustExec(t, pool, `CREATE TABLE lower_case (fence bigint)`)
+	// A generated column: the guard's stamp would be overwritten by the
+	// expression after it, silently (migration 15).
+	mustExec(t, pool, `CREATE TABLE generated_fence (id int, base bigint, fence bigint GENERATED ALWAYS AS (base) STORED)`)
+	mustExec(t, pool, `CREATE TABLE inherits_generated (id int, base bigint, fence bigint NOT NULL DEFAULT 0)`)
+	mustExec(t, pool, `CREATE TABLE generated_child (id int, base bigint NOT NULL, fence bigint NOT NULL GENERATED ALWAYS AS (base) STORED)`)
+	mustExec(t, pool, `ALTER TABLE generated_child INHERIT inherits_generated`)
 	for _, c := range []struct{ table, code string }{
 		{"no_fence", "42703"},
 		{"int_fence", "42804"},
 		{"text_fence", "42804"},
+		{"generated_fence", "42P16"},
+		{"inherits_generated", "42P16"}, // every table below it is checked
 		{"a_view", "42809"},
 		{"no_such_table", "42P01"},
 		{"no_such_schema.lower_case", "3F000"},

@@ -50,6 +50,8 @@
 // answers of the guard under REPEATABLE READ and SERIALIZABLE: a holder
 // whose lease was renewed after the snapshot gets a serialization failure
 // to retry, not PF001, and TRUNCATE of a protected table is refused there.
+// Migration 15 makes pgfence.protect refuse a generated fence column,
+// which PostgreSQL computes after the guard's stamp.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.
