@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // Data with a lease: a grant may carry a small JSON value that anyone can
@@ -28,7 +30,8 @@ type acquireConfig struct {
 }
 
 // WithData attaches data, a JSON value of at most MaxDataLen bytes once
-// compacted, to the grant, written in the same statement that grants it
+// compacted that jsonb can store (UTF-8, no \u0000 escape, no lone
+// surrogate escape), to the grant, written in the same statement that grants it
 // (no extra round trip). It is what others see as Info.Data while the grant
 // lasts; Lease.SetData replaces it. Default: none (NULL).
 func WithData(data json.RawMessage) AcquireOption {
@@ -69,7 +72,66 @@ func compactData(data json.RawMessage) (json.RawMessage, error) {
 	if b.Len() > MaxDataLen {
 		return nil, invalid(fmt.Sprintf("leases: data must be at most %d bytes of JSON, got %d", MaxDataLen, b.Len()))
 	}
+	if err := storable(b.Bytes()); err != nil {
+		return nil, err
+	}
 	return b.Bytes(), nil
+}
+
+// storable checks what encoding/json accepts and jsonb refuses, so that
+// such data is bad input (ErrInvalid) rather than a database error that
+// Lead would retry for ever: bytes that are not UTF-8 (22021), a \u0000
+// escape (22P05) and a surrogate escape not in a high-low pair (22P02).
+// data is valid, compact JSON.
+func storable(data []byte) error {
+	if !utf8.Valid(data) {
+		return invalid("leases: data must be valid UTF-8")
+	}
+	inString := false
+	for i := 0; i < len(data); i++ {
+		switch {
+		case data[i] == '"':
+			inString = !inString
+		case inString && data[i] == '\\':
+			i++ // the escaped character
+			if data[i] != 'u' {
+				continue
+			}
+			r := hex4(data[i+1:])
+			i += 4
+			switch {
+			case r == 0:
+				return invalid(`leases: data must not contain \u0000: PostgreSQL's jsonb cannot store it`)
+			case utf16.IsSurrogate(r) && r < 0xdc00 && i+6 < len(data) && data[i+1] == '\\' && data[i+2] == 'u':
+				if low := hex4(data[i+3:]); low >= 0xdc00 && low <= 0xdfff {
+					i += 6
+					continue
+				}
+				fallthrough
+			case utf16.IsSurrogate(r):
+				return invalid(fmt.Sprintf(`leases: data must not contain a lone surrogate escape (\u%04x): PostgreSQL's jsonb cannot store it`, r))
+			}
+		}
+	}
+	return nil
+}
+
+// hex4 is the value of the four hexadecimal digits that b starts with,
+// as encoding/json has checked them.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // dataArg is data as a statement parameter: NULL for none.
@@ -95,8 +157,8 @@ func (l *Lease) Data() json.RawMessage {
 // taken over — writes nothing and gets an error wrapping ErrLost (the lease
 // is then lost, as after a failed renewal). Waiters and observers of the
 // lease are told (Observe reports the new data within about a round trip).
-// Data that is not JSON or longer than MaxDataLen returns an error wrapping
-// ErrInvalid and writes nothing; a database error leaves the data as it
+// Data that WithData refuses (not JSON, longer than MaxDataLen, or not
+// storable by jsonb) returns an error wrapping ErrInvalid and writes nothing; a database error leaves the data as it
 // was. Returns Err() if the lease is no longer held. Safe to repeat.
 func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 	d, err := compactData(data)

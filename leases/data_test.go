@@ -248,3 +248,54 @@ func waitFor(t *testing.T, pool *pgxpool.Pool, query string, arg any) {
 		}
 	}
 }
+
+// JSON that encoding/json accepts but jsonb cannot store — a \u0000
+// escape, bytes that are not UTF-8, a lone surrogate escape — is bad input
+// like malformed JSON: ErrInvalid before anything is sent, not a database
+// error that Lead would retry for ever. Escapes jsonb does store (a
+// surrogate pair, an escaped backslash before "u0000") still pass.
+func TestDataJSONBCannotStoreIsInvalid(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	ctx := testContext(t)
+	bad := []json.RawMessage{
+		json.RawMessage(`"\u0000"`),
+		json.RawMessage(`{"a\u0000b":1}`),
+		json.RawMessage("\"\xff\""),
+		json.RawMessage(`"\ud800"`),
+		json.RawMessage(`"\udc00"`),
+		json.RawMessage(`["\ud800\u0041"]`),
+	}
+	for _, d := range bad {
+		if _, err := c.TryAcquire(ctx, "jsonb", time.Minute, WithData(d)); !errors.Is(err, ErrInvalid) {
+			t.Errorf("TryAcquire with data %q: %v, want ErrInvalid", d, err)
+		}
+	}
+	if _, err := c.Get(ctx, "jsonb"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("after refused grants: Get %v, want ErrNotHeld (nothing written)", err)
+	}
+	// Lead validates its options once: bad data must end it at once, not
+	// campaign until ctx ends (5s: far above one failed statement, far
+	// below the test's bound).
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Lead(lctx, "jsonb", time.Minute, func(context.Context, *Lease) error { return nil },
+		WithData(bad[0])); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Lead with data %q: %v, want ErrInvalid", bad[0], err)
+	}
+
+	good := json.RawMessage(`{"smile":"\ud83d\ude00","literal":"\\u0000"}`)
+	l, err := c.TryAcquire(ctx, "jsonb", time.Minute, WithData(good))
+	if err != nil {
+		t.Fatalf("TryAcquire with data jsonb stores: %v", err)
+	}
+	for _, d := range bad {
+		if err := l.SetData(ctx, d); !errors.Is(err, ErrInvalid) {
+			t.Errorf("SetData %q: %v, want ErrInvalid", d, err)
+		}
+	}
+	info, err := c.Get(ctx, "jsonb")
+	if err != nil || !strings.Contains(string(info.Data), `"\\u0000"`) || l.Err() != nil {
+		t.Errorf("after refused updates: data %s, %v, lease %v; want the first value, still held", info.Data, err, l.Err())
+	}
+}

@@ -98,9 +98,11 @@
 // (name, owner, fence) and writes only while the grant is live by the
 // database clock, so an update racing a takeover or force-release either
 // commits before it (and the next grant starts without data) or matches no
-// row and is rejected with ErrLost. Oversize or malformed values return
-// ErrInvalid and write nothing; PostgreSQL enforces the same bound
-// (SQLSTATE 22023) for SQL callers. SetData wakes the lease's observers.
+// row and is rejected with ErrLost. Oversize or malformed values, and JSON
+// that jsonb cannot store (bytes that are not UTF-8, a \u0000 escape, a
+// lone surrogate escape), return ErrInvalid and write nothing; PostgreSQL
+// enforces the same bound (SQLSTATE 22023) for SQL callers. SetData wakes
+// the lease's observers.
 //
 // # Extending with a new TTL
 //
