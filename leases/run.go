@@ -9,12 +9,13 @@ import (
 
 // Run acquires the named lease (waiting, like Acquire), runs fn with a
 // context that ends when ctx ends or the lease is no longer safely held
-// (whichever first; the cause says which), then releases the lease,
-// bounded by WithReleaseTimeout (default 5s) and not by ctx's
-// cancellation. It returns Acquire's error,
-// or fn's error; if the lease was lost while fn ran, the returned error
-// wraps ErrLost (also when fn returned nil). On a hand-over request fn's
-// context ends with cause ErrHandover and Run releases once fn returns.
+// (whichever first; the cause says which), then releases the lease, also
+// when fn panics (the panic goes on once the lease is released), bounded
+// by WithReleaseTimeout (default 5s) and not by ctx's cancellation. It
+// returns Acquire's error, or fn's error; if the lease was lost while fn
+// ran, the returned error wraps ErrLost (also when fn returned nil). On a
+// hand-over request fn's context ends with cause ErrHandover and Run
+// releases once fn returns.
 // opts configure the grant (WithData). fn must stop its work when its
 // context ends: after that, another owner may hold the lease.
 func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
@@ -28,17 +29,23 @@ func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn fun
 	return c.runHeld(ctx, l, fn)
 }
 
-// runHeld runs fn under l and releases l afterwards.
-func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
+// runHeld runs fn under l and releases l afterwards, also when fn panics
+// (the panic goes on once l is released).
+func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) (err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
-	fnErr := fn(fctx, l)
-	stop()
-	cancel(nil)
+	defer func() {
+		stop()
+		cancel(nil)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+		defer rcancel()
+		err = c.afterRun(l, err, l.Release(rctx))
+	}()
+	return fn(fctx, l)
+}
 
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
-	relErr := l.Release(rctx)
-	rcancel()
+// afterRun combines fn's error with the Release that followed it.
+func (c *Client) afterRun(l *Lease, fnErr, relErr error) error {
 	switch {
 	case errors.Is(relErr, ErrLost):
 		if fnErr == nil || errors.Is(fnErr, ErrLost) {
@@ -58,7 +65,8 @@ func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Cont
 // runs fn while leader with a context that ends when leadership ends, and
 // when leadership is lost campaigns again — until ctx ends, when it
 // releases the lease if leader and returns nil. If fn returns while still
-// leader (nil or an error), Lead releases and returns fn's result. Database
+// leader (nil or an error), Lead releases and returns fn's result; if fn
+// panics, Lead releases and the panic goes on. Database
 // errors while campaigning are logged and retried with backoff; bad input,
 // a missing schema or a closed client are returned. At most one fn runs at
 // a time per lease name across all clients (as judged by PostgreSQL), as
@@ -103,9 +111,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		}
 		backoff = 100 * time.Millisecond
 		c.log.Info("leases: became leader", "name", name, "owner", l.owner, "fence", l.fence)
-		c.setLeading(name, 1)
-		err = c.runHeld(ctx, l, fn)
-		c.setLeading(name, -1)
+		err = c.lead(ctx, l, fn)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -125,6 +131,14 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			return err
 		}
 	}
+}
+
+// lead runs fn under l, counted as leading name while it runs (also if
+// fn panics).
+func (c *Client) lead(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
+	c.setLeading(l.name, 1)
+	defer c.setLeading(l.name, -1)
+	return c.runHeld(ctx, l, fn)
 }
 
 // pause waits d between Lead's campaigns. stop says that Lead ends: with
