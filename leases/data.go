@@ -161,6 +161,9 @@ func (l *Lease) Data() json.RawMessage {
 // storable by jsonb) returns an error wrapping ErrInvalid and writes nothing; a database error leaves the data as it
 // was. Returns Err() if the lease is no longer held. Safe to repeat.
 func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
+	if l == nil || ctx == nil {
+		return invalid("leases: set data: lease and context must not be nil")
+	}
 	d, err := compactData(data)
 	if err != nil {
 		return err

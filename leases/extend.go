@@ -24,6 +24,9 @@ import (
 // keeps it as if it had: renewed with ttl, its local deadline from this
 // request. Safe to repeat.
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil || ctx == nil {
+		return invalid("leases: extend: lease and context must not be nil")
+	}
 	if err := validateTTL(ttl); err != nil {
 		return err
 	}

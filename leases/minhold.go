@@ -27,6 +27,9 @@ func (c *Client) releaseAtLeastSQL() string {
 // and a lost lease ignore it. d must be between 0 and 24h; it can be set,
 // and changed, any time before Release.
 func (l *Lease) HoldAtLeast(d time.Duration) error {
+	if l == nil {
+		return invalid("leases: minimum hold: lease must not be nil")
+	}
 	if d < 0 || d > maxHold {
 		return invalid(fmt.Sprintf("leases: minimum hold must be between 0 and %s, got %s", maxHold, d))
 	}

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -19,6 +22,10 @@ func TestNilContextAndReceiver(t *testing.T) {
 	var nilLease *Lease
 	fn := func(context.Context, *Lease) error { return nil }
 	l, err := c.TryAcquire(testContext(t), "nil-input", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem, err := c.Semaphore("nil-input-sem", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +45,38 @@ func TestNilContextAndReceiver(t *testing.T) {
 		"nil lease Release": func() error {
 			return nilLease.Release(testContext(t))
 		},
+		"Once": func() error { _, err := c.Once(nilCtx, "x", "p", time.Minute, fn); return err },
+		"OnceTx": func() error {
+			_, err := c.OnceTx(nilCtx, "x", "p", time.Minute, func(context.Context, pgx.Tx, *Lease) error { return nil })
+			return err
+		},
+		"OnceDone":        func() error { _, _, err := c.OnceDone(nilCtx, "x", "p"); return err },
+		"MarkDone nil tx": func() error { _, err := MarkDone(testContext(t), nil, "x", "p"); return err },
+		"MarkDone typed nil tx": func() error {
+			_, err := MarkDone(testContext(t), (*pgxpool.Tx)(nil), "x", "p")
+			return err
+		},
+		"Semaphore Holders":     func() error { _, err := sem.Holders(nilCtx); return err },
+		"Semaphore TryAcquire":  func() error { _, err := sem.TryAcquire(nilCtx, time.Minute); return err },
+		"SetData":               func() error { return l.SetData(nilCtx, nil) },
+		"Extend":                func() error { return l.Extend(nilCtx, time.Minute) },
+		"nil lease SetData":     func() error { return nilLease.SetData(testContext(t), nil) },
+		"nil lease Extend":      func() error { return nilLease.Extend(testContext(t), time.Minute) },
+		"nil lease HoldAtLeast": func() error { return nilLease.HoldAtLeast(time.Second) },
 		"nil client Close":      func() error { return nilClient.Close() },
+		"nil client Once": func() error {
+			_, err := nilClient.Once(testContext(t), "x", "p", time.Minute, fn)
+			return err
+		},
+		"nil client OnceDone": func() error { _, _, err := nilClient.OnceDone(testContext(t), "x", "p"); return err },
+		"nil client Semaphore Holders": func() error {
+			s, err := nilClient.Semaphore("x", 2)
+			if err != nil {
+				return err
+			}
+			_, err = s.Holders(testContext(t))
+			return err
+		},
 		"nil client TryAcquire": func() error { _, err := nilClient.TryAcquire(testContext(t), "x", time.Minute); return err },
 		"nil client Get":        func() error { _, err := nilClient.Get(testContext(t), "x"); return err },
 	}

@@ -177,6 +177,9 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 	if err := validatePeriod(period); err != nil {
 		return false, err
 	}
+	if err := c.usable(ctx); err != nil {
+		return false, err
+	}
 	var cfg onceConfig
 	for _, opt := range opts {
 		if opt == nil {
@@ -217,12 +220,15 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 }
 
 // OnceDone returns the record of period of the job name, and whether there
-// is one. ctx bounds the query.
+// is one. ctx bounds the query. After Close it returns ErrClosed.
 func (c *Client) OnceDone(ctx context.Context, name, period string) (OnceRecord, bool, error) {
 	if err := validateName(name); err != nil {
 		return OnceRecord{}, false, err
 	}
 	if err := validatePeriod(period); err != nil {
+		return OnceRecord{}, false, err
+	}
+	if err := c.usable(ctx); err != nil {
 		return OnceRecord{}, false, err
 	}
 	rec := OnceRecord{Name: name, Period: period}
@@ -245,6 +251,9 @@ func (c *Client) OnceDone(ctx context.Context, name, period string) (OnceRecord,
 // period's work). The record commits with tx. For callers that hold the
 // lease themselves (pgfence run --once); Once and OnceTx call it for you.
 func MarkDone(ctx context.Context, tx pgx.Tx, name, period string) (bool, error) {
+	if ctx == nil || dbx.IsNil(tx) {
+		return false, invalid("leases: mark done: context and transaction must not be nil")
+	}
 	if err := validateName(name); err != nil {
 		return false, err
 	}

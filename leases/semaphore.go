@@ -49,6 +49,9 @@ type Semaphore struct {
 // and MaxSlots, or the longest slot's lease name ("<name>#<slots>") would
 // exceed MaxNameLen bytes. It does not touch the database.
 func (c *Client) Semaphore(name string, slots int) (*Semaphore, error) {
+	if c == nil {
+		return nil, invalid("leases: client is nil")
+	}
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
@@ -131,6 +134,9 @@ func (s *Semaphore) Run(ctx context.Context, ttl time.Duration, fn func(ctx cont
 // Holders returns the live grants of the semaphore's slots, by slot
 // number. ctx bounds the query.
 func (s *Semaphore) Holders(ctx context.Context) ([]Info, error) {
+	if err := s.c.usable(ctx); err != nil {
+		return nil, err
+	}
 	rows, err := s.c.q.Query(ctx, sqlSlots, s.name, s.slots)
 	if err != nil {
 		return nil, dbError(fmt.Sprintf("holders of semaphore %q", s.name), err)
