@@ -167,7 +167,7 @@ func (c *Client) Close() error {
 			l.state = stateReleasing
 			c.dropLocked(l)
 			c.m.recordHold(l, false, now)
-			l.cancel(cause)
+			l.endLocked(cause)
 		}
 		c.stopDeadlinesLocked()
 		c.mu.Unlock()

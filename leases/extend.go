@@ -73,7 +73,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l.state != stateHeld {
-		return context.Cause(l.ctx)
+		return l.errLocked()
 	}
 	if !time.Now().Before(l.deadline) {
 		// The answer came after the old deadline: the lease is being lost

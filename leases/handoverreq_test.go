@@ -199,3 +199,50 @@ func (c *Client) renewNow(ctx context.Context, l *Lease) error {
 	}
 	return nil
 }
+
+// The operator's escalation (scenario): a hand-over request times out, so
+// the operator force-releases the lease, and the holder's work, which had
+// not stopped, finishes after the loss. Run must say the lease was lost
+// (its work may not have been exclusive), as for any loss while fn ran,
+// and so must the Lease: Err, and Release. The hand-over request ended
+// the lease's Context first, which hid every later loss behind
+// ErrHandover.
+func TestRunReportsLossAfterHandoverRequest(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, op := cs[0], cs[1]
+	ctx := testContext(t)
+	waitListening(t, a) // the holder hears the request at once
+	var held *Lease
+	err := a.Run(ctx, "escalated", time.Minute, func(fctx context.Context, l *Lease) error {
+		held = l
+		if _, err := op.RequestHandover(ctx, "escalated", time.Second); !errors.Is(err, ErrHandoverTimeout) {
+			t.Errorf("RequestHandover of a holder that goes on: %v, want ErrHandoverTimeout", err)
+		}
+		<-fctx.Done()
+		if !errors.Is(context.Cause(fctx), ErrHandover) {
+			t.Errorf("fn's cause: %v, want ErrHandover", context.Cause(fctx))
+		}
+		if err := op.ForceRelease(ctx, "escalated"); err != nil {
+			t.Errorf("ForceRelease: %v", err)
+		}
+		// The holder's client learns of it (this renewal, or the one the
+		// notification brought forward, finds the grant gone).
+		if err := a.renewNow(ctx, l); err == nil {
+			t.Error("renewal after the force-release succeeded")
+		}
+		return nil // the work finishes, unaware
+	})
+	if !errors.Is(err, ErrLost) {
+		t.Errorf("Run after a loss that followed a hand-over request = %v, want ErrLost", err)
+	}
+	if held == nil {
+		t.Fatal("fn never ran")
+	}
+	if !errors.Is(held.Err(), ErrLost) {
+		t.Errorf("Lease.Err after the loss: %v, want ErrLost", held.Err())
+	}
+	if err := held.Release(ctx); !errors.Is(err, ErrLost) {
+		t.Errorf("Release after the loss: %v, want ErrLost", err)
+	}
+}

@@ -95,7 +95,7 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	end := time.Now()
 	c.m.recordHold(l, true, end)
 	c.m.recordLost(l.name, why)
-	l.cancel(cause)
+	l.endLocked(cause)
 	if orphan && !c.hooks.noKeepalive && !c.isClosed() {
 		c.orphans = append(c.orphans, l)
 		c.kickKeepalive()

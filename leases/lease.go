@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -48,7 +49,8 @@ type Lease struct {
 	// Guarded by c.mu.
 	ttl        time.Duration // changed by Extend
 	data       json.RawMessage
-	handover   bool // an operator asked this grant to step down
+	handover   bool  // an operator asked this grant to step down
+	ended      error // after handover: why the hold ended since (Err reports it)
 	state      leaseState
 	acquiredAt time.Time     // server clock
 	expiresAt  time.Time     // server clock, as of the last grant/renew
@@ -105,7 +107,7 @@ func (l *Lease) ExpiresAt() time.Time {
 // gone, and on Release or Close. The cause (context.Cause) wraps ErrLost or
 // ErrReleased — or ErrHandover when an operator asked for a hand-over: then
 // the lease is still held and renewed until Release, so stop the work and
-// release it. Do the lease's work under this context and check it before
+// release it (the cause stays ErrHandover; Err says how the hold ended). Do the lease's work under this context and check it before
 // every externally visible effect; it is not derived from the context
 // passed to Acquire.
 func (l *Lease) Context() context.Context { return l.ctx }
@@ -116,12 +118,36 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held and no hand-over was requested,
 // then an error wrapping ErrLost, ErrReleased or ErrHandover (the cause of
-// Context).
+// Context). After a hand-over request the lease is still held, and Err
+// says ErrHandover until the hold ends: then it says how (ErrReleased,
+// ErrLost), while Context's cause, set once, stays ErrHandover.
 func (l *Lease) Err() error {
 	if l.ctx.Err() == nil {
 		return nil
 	}
+	if cause := context.Cause(l.ctx); !errors.Is(cause, ErrHandover) {
+		return cause
+	}
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	return l.errLocked()
+}
+
+// errLocked is Err with c.mu held.
+func (l *Lease) errLocked() error {
+	if l.ended != nil {
+		return l.ended
+	}
 	return context.Cause(l.ctx)
+}
+
+// endLocked ends l's hold with cause: cancels its Context, or, when a
+// hand-over request has ended that already, keeps cause for Err. c.mu held.
+func (l *Lease) endLocked(cause error) {
+	if l.handover && l.ended == nil {
+		l.ended = cause
+	}
+	l.cancel(cause)
 }
 
 // Renew renews the lease now, in addition to the automatic keepalive,
@@ -158,7 +184,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
 	if l.state != stateHeld {
-		return context.Cause(l.ctx)
+		return l.errLocked()
 	}
 	l.c.renewedLocked(l, start, *expiresAt)
 	return nil
@@ -187,11 +213,11 @@ func (l *Lease) Release(ctx context.Context) error {
 		// End the grant anyway in case it is still ours (lost at the local
 		// deadline before the server's expiry): hand-over sooner.
 		_, _ = c.q.Exec(ctx, c.releaseSQL(), l.name, l.owner, l.fence)
-		return context.Cause(l.ctx)
+		return l.Err()
 	case stateHeld:
 		l.state = stateReleasing
 		c.dropLocked(l)
-		l.cancel(ErrReleased)
+		l.endLocked(ErrReleased)
 		// This client's own waiters attempt once the release has
 		// committed: before, an attempt could only fail — a wasted
 		// statement per hand-over.
