@@ -168,7 +168,7 @@ func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	if err := l.Err(); err != nil {
+	if err := l.heldErr(); err != nil {
 		return err
 	}
 	var ok *bool

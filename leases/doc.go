@@ -148,7 +148,8 @@
 // brings forward to about a round trip when the holder's client listens
 // (Lead's always does; a client that never waits, observes or leads learns
 // within TTL/3). The holder's Context then ends with cause ErrHandover, but
-// the lease stays held and renewed until it is released: Run and Lead
+// the lease stays held and renewed until it is released (Renew, Extend and
+// SetData still work, to wind down; Err reports a later loss): Run and Lead
 // release as soon as fn returns (Lead campaigns again only after one TTL),
 // and a waiter on any replica, woken by the release, takes over within a
 // round trip. So — unlike ForceRelease — no one else holds the lease while

@@ -30,7 +30,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := validateTTL(ttl); err != nil {
 		return err
 	}
-	if err := l.Err(); err != nil {
+	if err := l.heldErr(); err != nil {
 		return err
 	}
 	l.renewMu.Lock()

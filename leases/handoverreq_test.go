@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -244,5 +245,51 @@ func TestRunReportsLossAfterHandoverRequest(t *testing.T) {
 	}
 	if err := held.Release(ctx); !errors.Is(err, ErrLost) {
 		t.Errorf("Release after the loss: %v, want ErrLost", err)
+	}
+}
+
+// A holder asked to hand over still holds the lease until it releases
+// it, and may use it while it winds down: Renew, Extend (more time to
+// finish cleanly) and SetData (publish "draining") work, as their
+// documentation says they do until the lease is no longer held.
+func TestLeaseUsableAfterHandoverRequest(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, op := cs[0], cs[1]
+	ctx := testContext(t)
+	waitListening(t, a) // the holder hears the request at once
+	l, err := a.TryAcquire(ctx, "winding-down", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.RequestHandover(ctx, "winding-down", time.Second); !errors.Is(err, ErrHandoverTimeout) {
+		t.Fatalf("RequestHandover: %v, want ErrHandoverTimeout", err)
+	}
+	select {
+	case <-l.Done():
+	case <-ctx.Done():
+		t.Fatal("holder's context did not end")
+	}
+	if !errors.Is(l.Err(), ErrHandover) {
+		t.Fatalf("holder's cause: %v, want ErrHandover", l.Err())
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Errorf("Renew while winding down: %v", err)
+	}
+	if err := l.Extend(ctx, 2*time.Minute); err != nil {
+		t.Errorf("Extend while winding down: %v", err)
+	}
+	if err := l.SetData(ctx, json.RawMessage(`"draining"`)); err != nil {
+		t.Errorf("SetData while winding down: %v", err)
+	}
+	info, err := op.Get(ctx, "winding-down")
+	if err != nil || string(info.Data) != `"draining"` || info.Fence != l.Fence() || l.TTL() != 2*time.Minute {
+		t.Errorf("after winding down: %+v, %v, TTL %s; want the holder's grant with its data and TTL 2m", info, err, l.TTL())
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetData(ctx, nil); !errors.Is(err, ErrReleased) {
+		t.Errorf("SetData after Release: %v, want ErrReleased", err)
 	}
 }

@@ -133,6 +133,17 @@ func (l *Lease) Err() error {
 	return l.errLocked()
 }
 
+// heldErr is nil while l is held, a hand-over requested or not, and Err
+// once it is not.
+func (l *Lease) heldErr() error {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	if l.state == stateHeld {
+		return nil
+	}
+	return l.errLocked()
+}
+
 // errLocked is Err with c.mu held.
 func (l *Lease) errLocked() error {
 	if l.ended != nil {
@@ -160,7 +171,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	if l == nil || ctx == nil {
 		return invalid("leases: renew: lease and context must not be nil")
 	}
-	if err := l.Err(); err != nil {
+	if err := l.heldErr(); err != nil {
 		return err
 	}
 	l.renewMu.Lock()
