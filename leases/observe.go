@@ -17,10 +17,12 @@ type observer struct {
 // releases and force-releases within about a round trip (notifications),
 // other changes — expiries, grants — within the poll interval or at the
 // holder's expiry. An Info with an empty Owner (and zero Fence) means
-// nobody holds the lease. Values are not queued: a slow reader sees the
-// latest state, not every intermediate one. The channel is closed, and the
-// goroutine behind it exits, when ctx ends or the client closes. Database
-// errors are logged and retried at the poll interval.
+// nobody holds the lease. Values are not queued: the channel holds at most
+// one, the latest state read, which replaces one not yet received, so a
+// slow reader sees the latest state, not every intermediate one. The
+// channel is closed, and the goroutine behind it exits, when ctx ends or
+// the client closes. Database errors are logged and retried at the poll
+// interval.
 func (c *Client) Observe(ctx context.Context, name string) (<-chan Info, error) {
 	if err := validateName(name); err != nil {
 		return nil, err
@@ -84,11 +86,14 @@ func (c *Client) observe(ctx context.Context, name string, o *observer, ch chan 
 				delay = min(delay, remaining+time.Millisecond)
 			}
 			if first || info.Owner != last.Owner || info.Fence != last.Fence || !bytes.Equal(info.Data, last.Data) {
+				// A value the reader has not taken yet is stale now:
+				// replace it. This goroutine is the only sender, so the
+				// send finds room and never blocks.
 				select {
-				case ch <- info:
-				case <-ctx.Done():
-					return
+				case <-ch:
+				default:
 				}
+				ch <- info
 				first, last = false, info
 			}
 		default:
