@@ -81,7 +81,9 @@ type OnceRecord struct {
 // (false, err) when fn or the database failed — the period is then not
 // done, and the next caller runs it. fn runs under the lease name (ttl)
 // with a context that ends when ctx ends or the lease is lost; after fn
-// returns nil, Once records the period in a fenced transaction. If the
+// returns nil, Once records the period in a fenced transaction, under ctx:
+// a hand-over request, which ends fn's context while the lease is still
+// held, does not stop the record of work fn completed. If the
 // lease was lost before the record committed, Once takes the lease again
 // and, unless someone else recorded the period meanwhile, runs fn again:
 // fn's effects must tolerate a repeat (see the package documentation), or
@@ -91,17 +93,21 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 	if fn == nil {
 		return false, invalid("leases: fn must not be nil")
 	}
-	return c.once(ctx, name, period, ttl, opts, func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
+	return c.once(ctx, name, period, ttl, opts, func(fctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
 		// Under the lease, every earlier holder's record has committed.
-		if _, done, err := c.OnceDone(ctx, name, period); err != nil || done {
+		if _, done, err := c.OnceDone(fctx, name, period); err != nil || done {
 			return false, err
 		}
 		if err := l.HoldAtLeast(cfg.atLeast); err != nil {
 			return false, err
 		}
-		if err := fn(ctx, l); err != nil {
+		if err := fn(fctx, l); err != nil {
 			return false, err
 		}
+		// Recorded under ctx, not fn's context, which a hand-over request
+		// ends while the lease is still held: fn did the period's work, and
+		// not recording it would have the next holder do it again. The
+		// fenced transaction refuses the record if the lease was lost.
 		var recorded bool
 		var err error
 		if c.pool != nil {

@@ -417,3 +417,43 @@ func TestHoldAtLeastBeatsARenewalInFlight(t *testing.T) {
 		t.Fatalf("the grant ends %v after acquired_at, want the minimum hold, %v", kept, hold)
 	}
 }
+
+// A hand-over requested while Once's fn finishes (scenario: a rolling
+// deploy reaches the replica running the nightly job). fn's context ends
+// with ErrHandover, but the lease is still held until released: a fn that
+// completes the period anyway must see it recorded, or the next holder
+// runs it again — a second run of effects Once exists to prevent. The
+// record's fenced transaction, not fn's context, is what refuses a holder
+// that lost the lease.
+func TestOnceRecordsAfterHandoverRequest(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, op := cs[0], cs[1]
+	ctx := testContext(t)
+	waitListening(t, a) // the holder hears the request at once
+	runs := 0
+	fn := func(fctx context.Context, l *Lease) error {
+		runs++
+		if _, err := op.RequestHandover(ctx, "nightly", time.Second); !errors.Is(err, ErrHandoverTimeout) {
+			t.Errorf("RequestHandover while fn runs: %v, want ErrHandoverTimeout", err)
+		}
+		<-fctx.Done()
+		if !errors.Is(context.Cause(fctx), ErrHandover) {
+			t.Errorf("fn's cause: %v, want ErrHandover", context.Cause(fctx))
+		}
+		return nil // the period's work was complete
+	}
+	did, err := a.Once(ctx, "nightly", "2026-12-04", time.Minute, fn)
+	if !did || err != nil {
+		t.Errorf("Once whose fn completed after a hand-over request = %v, %v; want true, nil", did, err)
+	}
+	if _, done, err := op.OnceDone(ctx, "nightly", "2026-12-04"); !done || err != nil {
+		t.Errorf("OnceDone after it: %v, %v; want recorded", done, err)
+	}
+	if did, err := op.Once(ctx, "nightly", "2026-12-04", time.Minute, func(context.Context, *Lease) error {
+		runs++
+		return nil
+	}); did || err != nil || runs != 1 {
+		t.Errorf("next replica's Once = %v, %v after %d runs; want false, nil after 1", did, err, runs)
+	}
+}
