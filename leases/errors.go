@@ -152,9 +152,10 @@ func dbError(op string, err error) error {
 	return fmt.Errorf("leases: %s: %w", op, pgerr.WithHint(err))
 }
 
-// permanent reports whether err will not go away by retrying: bad input, a
-// closed client, or a missing schema or privilege. Lead stops on these and
-// retries anything else.
+// permanent reports whether err will not go away by retrying: bad input
+// (the client's checks, or PostgreSQL's data exceptions), a closed client,
+// or a missing schema or privilege. Lead stops on these and retries
+// anything else.
 func permanent(err error) bool {
 	return errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed) || pgerr.Permanent(err)
 }

@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 type term struct {
@@ -157,5 +159,41 @@ func TestLeadReturnsFnResultWhileLeader(t *testing.T) {
 	}
 	if _, err := c.Get(ctx, "l"); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("Get after Lead = %v, want ErrNotHeld", err)
+	}
+}
+
+// Lead in a database whose encoding is not UTF-8 (LATIN1: the migrations
+// apply there), under a name or with data that the encoding cannot hold:
+// every grant fails the same way (SQLSTATE 22P05, a data exception), so
+// Lead must return the error, as for bad input, not campaign until its
+// context ends.
+func TestLeadReturnsUntranslatableInput(t *testing.T) {
+	t.Parallel()
+	u := pgtest.EmptyURLEncoded(t, "LATIN1")
+	if err := migrations.Up(context.Background(), u); err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.PoolFor(t, u, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["client_encoding"] = "UTF8" })
+	c := newClient(t, pool)
+	fn := func(context.Context, *Lease) error { return nil }
+	for _, tc := range []struct {
+		name string
+		opts []AcquireOption
+	}{
+		{"リーダー", nil},
+		{"leader", []AcquireOption{WithData(json.RawMessage(`"日本"`))}},
+	} {
+		// 5s: far above one failed grant, far below the test's bound.
+		ctx, cancel := context.WithTimeout(testContext(t), 5*time.Second)
+		err := c.Lead(ctx, tc.name, time.Minute, fn, tc.opts...)
+		stopped := ctx.Err() == nil
+		cancel()
+		if err == nil || !stopped {
+			t.Errorf("Lead %q in a LATIN1 database = %v (returned before its context ended: %v), want the grant's error at once", tc.name, err, stopped)
+		}
+	}
+	// A name the encoding holds works.
+	if err := c.Lead(testContext(t), "naïve", time.Minute, fn); err != nil {
+		t.Errorf("Lead of a name LATIN1 holds: %v", err)
 	}
 }

@@ -66,11 +66,12 @@ func (c *Client) afterRun(l *Lease, fnErr, relErr error) error {
 // when leadership is lost campaigns again — until ctx ends, when it
 // releases the lease if leader and returns nil. If fn returns while still
 // leader (nil or an error), Lead releases and returns fn's result; if fn
-// panics, Lead releases and the panic goes on. Database
-// errors while campaigning are logged and retried with backoff; bad input,
-// a missing schema or a closed client are returned. At most one fn runs at
-// a time per lease name across all clients (as judged by PostgreSQL), as
-// long as fn honours its context. When an operator requests a hand-over
+// panics, Lead releases and the panic goes on. Database errors while
+// campaigning are logged and retried with backoff; bad input (also a name
+// or data the database's encoding cannot hold: a data exception), a
+// missing schema or a closed client are returned. At most one fn runs at a
+// time per lease name across all clients (as judged by PostgreSQL), as long
+// as fn honours its context. When an operator requests a hand-over
 // (RequestHandover), fn's context ends with cause ErrHandover; once fn
 // returns, Lead releases — a waiting candidate takes over within a round
 // trip — and campaigns again only after one TTL. opts configure each

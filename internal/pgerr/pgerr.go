@@ -7,6 +7,7 @@ package pgerr
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -71,11 +72,17 @@ func WithHint(err error) error {
 }
 
 // Permanent reports whether err will not go away by retrying the same
-// call: the pgfence schema or a privilege on it is missing.
+// call: the pgfence schema or a privilege on it is missing, or the input
+// is a data exception (class 22: a name or data the database's encoding
+// cannot hold, say), which the same input raises every time.
 func Permanent(err error) bool {
-	switch Code(err) {
+	switch code := Code(err); code {
 	case InvalidSchemaName, UndefinedTable, UndefinedFunction, InsufficientPrivilege:
 		return true
+	default:
+		return strings.HasPrefix(code, dataException)
 	}
-	return false
 }
+
+// dataException is the class of SQLSTATEs of bad data (22xxx).
+const dataException = "22"

@@ -26,6 +26,8 @@ func TestHint(t *testing.T) {
 		{pg(LockNotAvailable), HintLockTimeout, false},
 		{pg(AdminShutdown), HintTerminated, false},
 		{pg("23505"), "", false},
+		{pg("22P05"), "", true}, // untranslatable_character
+		{pg("22023"), "", true}, // invalid_parameter_value
 		{errors.New("no SQLSTATE"), "", false},
 		{nil, "", false},
 	}
