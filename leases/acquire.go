@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"time"
 )
 
@@ -21,6 +22,18 @@ type queue struct {
 	waiters []*waiter // waiters[0] is the head
 }
 
+// A Client's queues are keyed by the lease's name, or for a semaphore's
+// waiters by semQueue of the semaphore's name: a lease and a semaphore of
+// one name are different things, and neither's waiters may wait behind the
+// other's head. A NUL, which no lease name holds, keeps the keys apart.
+const semQueuePrefix = "\x00"
+
+// semQueue is the queue key of the waiters of semaphore name.
+func semQueue(name string) string { return semQueuePrefix + name }
+
+// queueName is the lease or semaphore name of queue key key.
+func queueName(key string) string { return strings.TrimPrefix(key, semQueuePrefix) }
+
 type waiter struct {
 	wake chan struct{} // buffered 1; sent without blocking
 }
@@ -32,15 +45,15 @@ func signal(ch chan struct{}) {
 	}
 }
 
-// enqueue adds a waiter for name; the head is signalled at once.
-func (c *Client) enqueue(name string) *waiter {
+// enqueue adds a waiter to queue key; the head is signalled at once.
+func (c *Client) enqueue(key string) *waiter {
 	w := &waiter{wake: make(chan struct{}, 1)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := c.queues[name]
+	q := c.queues[key]
 	if q == nil {
 		q = &queue{}
-		c.queues[name] = q
+		c.queues[key] = q
 	}
 	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
@@ -49,11 +62,11 @@ func (c *Client) enqueue(name string) *waiter {
 	return w
 }
 
-// dequeue removes w; if w was the head, the next waiter becomes head and is
-// signalled.
-func (c *Client) dequeue(name string, w *waiter) {
+// dequeue removes w from queue key; if w was the head, the next waiter
+// becomes head and is signalled.
+func (c *Client) dequeue(key string, w *waiter) {
 	c.mu.Lock()
-	q := c.queues[name]
+	q := c.queues[key]
 	if q == nil {
 		c.mu.Unlock()
 		return
@@ -69,11 +82,11 @@ func (c *Client) dequeue(name string, w *waiter) {
 	}
 	last := len(q.waiters) == 0
 	if last {
-		delete(c.queues, name)
+		delete(c.queues, key)
 	}
 	c.mu.Unlock()
 	if last {
-		c.unwantLater(name)
+		c.unwantLater(queueName(key))
 	}
 }
 
@@ -86,11 +99,11 @@ func (c *Client) holdsLocally(name string) bool {
 	return l != nil && l.state == stateHeld || c.releasing[name] > 0
 }
 
-// wakeQueue signals the head waiter of name, if any.
-func (c *Client) wakeQueue(name string) {
+// wakeQueue signals the head waiter of queue key, if any.
+func (c *Client) wakeQueue(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if q := c.queues[name]; q != nil && len(q.waiters) > 0 {
+	if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
 		signal(q.waiters[0].wake)
 	}
 }
@@ -147,8 +160,12 @@ func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration, ac
 // exists for name, so that no attempt is made while this client holds it.
 func (c *Client) await(ctx context.Context, name string, exclusive bool,
 	try func(ctx context.Context) (*Lease, Info, time.Duration, error)) (*Lease, error) {
-	w := c.enqueue(name)
-	defer c.dequeue(name, w)
+	key := name
+	if !exclusive {
+		key = semQueue(name)
+	}
+	w := c.enqueue(key)
+	defer c.dequeue(key, w)
 	// Become head.
 	select {
 	case <-w.wake:

@@ -62,7 +62,7 @@ type Client struct {
 	dl        deadlines         // held leases' local deadlines (deadline.go)
 	orphans   []*Lease          // lost at the local deadline; grants to end
 	ending    bool              // endOrphans is running
-	queues    map[string]*queue // waiting acquirers per name
+	queues    map[string]*queue // waiting acquirers per lease name, or semQueue(semaphore name)
 	observers map[string]map[*observer]struct{}
 	leading   map[string]int // Lead calls leading, by name (gauge)
 	listening bool           // listener goroutine started

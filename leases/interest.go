@@ -56,7 +56,7 @@ func waitKey(name string) int32 {
 
 // wantedLocked reports whether name has waiters or observers. c.mu held.
 func (c *Client) wantedLocked(name string) bool {
-	return c.queues[name] != nil || len(c.observers[name]) > 0
+	return c.queues[name] != nil || c.queues[semQueue(name)] != nil || len(c.observers[name]) > 0
 }
 
 // want takes name's wait key if a listener runs and it is not yet held.
@@ -128,16 +128,18 @@ func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn, lost context
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	c.mu.Lock()
-	names := make([]string, 0, len(c.queues)+len(c.observers))
-	for name := range c.queues {
-		names = append(names, name)
+	wanted := make(map[string]struct{}, len(c.queues)+len(c.observers))
+	for key := range c.queues {
+		wanted[queueName(key)] = struct{}{}
 	}
 	for name := range c.observers {
-		if c.queues[name] == nil {
-			names = append(names, name)
-		}
+		wanted[name] = struct{}{}
 	}
 	c.mu.Unlock()
+	names := make([]string, 0, len(wanted))
+	for name := range wanted {
+		names = append(names, name)
+	}
 	keys := make([]int32, len(names))
 	for i, name := range names {
 		keys[i] = waitKey(name)

@@ -256,8 +256,10 @@ func (c *Client) wakeName(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.recheckLocked(name)
-	if q := c.queues[name]; q != nil && len(q.waiters) > 0 {
-		signal(q.waiters[0].wake)
+	for _, key := range []string{name, semQueue(name)} {
+		if q := c.queues[key]; q != nil && len(q.waiters) > 0 {
+			signal(q.waiters[0].wake)
+		}
 	}
 	for o := range c.observers[name] {
 		signal(o.wake)

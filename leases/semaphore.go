@@ -21,7 +21,8 @@ import (
 // grants the lowest-numbered slot that has never been granted or whose
 // grant has expired, passing over rows that are locked (by another taker,
 // or by a former holder's open fenced transaction) rather than waiting.
-// Waiters queue on the semaphore's name: a release of any slot notifies
+// Waiters queue on the semaphore's name (apart from waiters for a lease of
+// that name, a different thing): a release of any slot notifies
 // the waiters of the semaphore (pgfence.notify_waiters wakes the holders
 // of the semaphore name's wait key), and a waiter also wakes when the
 // first slot expires, and polls.
@@ -203,11 +204,11 @@ func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info,
 // or 0 when it is a plain lease.
 func (l *Lease) Slot() int { return l.slot }
 
-// queue is the name whose local waiters a change of this grant wakes: the
-// semaphore's for a slot, else the lease's.
+// queue is the key of the queue whose head a change of this grant wakes:
+// the semaphore's for a slot, else the lease's.
 func (l *Lease) queue() string {
 	if l.sem != "" {
-		return l.sem
+		return semQueue(l.sem)
 	}
 	return l.name
 }

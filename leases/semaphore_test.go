@@ -283,3 +283,54 @@ func TestSemaphoreFencedWrites(t *testing.T) {
 		t.Errorf("write by the holder of slot 2: %v", err)
 	}
 }
+
+// A semaphore and a lease of the same name (a Lead campaign on "shared"
+// and workers taking slots of semaphore "shared" — slots "shared#k") are
+// different things: a Client's waiter for one must not queue the other's
+// waiters behind it. Before, both queued under the name, only the head
+// attempted, and a semaphore with every slot free waited as long as the
+// campaign did.
+func TestSemaphoreDoesNotQueueBehindLeaseOfSameName(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, b := cs[0], cs[1]
+	sleeping := make(chan struct{}, 1)
+	hookWait(a, func(string) { signal(sleeping) })
+	ctx := testContext(t)
+	if _, err := b.TryAcquire(ctx, "shared", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	campaign := make(chan error, 1)
+	go func() {
+		_, err := a.Acquire(lctx, "shared", time.Minute)
+		campaign <- err
+	}()
+	select {
+	case <-sleeping: // the lease's waiter is head of a's queue, and waits
+	case err := <-campaign:
+		t.Fatalf("Acquire of the held lease: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the lease's waiter never waited")
+	}
+	sem, err := a.Semaphore("shared", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 5s: a free slot is granted in one statement; the lease's waiter
+	// waits a minute.
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := sem.Acquire(sctx, time.Minute)
+	if err != nil {
+		t.Fatalf("semaphore Acquire with every slot free, behind a waiter for the lease of its name: %v", err)
+	}
+	if l.Slot() != 1 {
+		t.Errorf("slot %d, want 1", l.Slot())
+	}
+	stop()
+	if err := <-campaign; !errors.Is(err, context.Canceled) {
+		t.Errorf("lease's waiter: %v, want context.Canceled", err)
+	}
+}
