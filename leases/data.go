@@ -179,7 +179,7 @@ func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 	if ok == nil {
 		lost := fmt.Errorf("set data of %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
 		l.c.lose(l, lostRenewRejected, lost, false)
-		return lost
+		return l.Err() // lost, or released meanwhile
 	}
 	l.c.mu.Lock()
 	l.data = d

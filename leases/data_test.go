@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // Data attached at the grant is read back by Get, List, HeldError and
@@ -297,5 +300,50 @@ func TestDataJSONBCannotStoreIsInvalid(t *testing.T) {
 	info, err := c.Get(ctx, "jsonb")
 	if err != nil || !strings.Contains(string(info.Data), `"\\u0000"`) || l.Err() != nil {
 		t.Errorf("after refused updates: data %s, %v, lease %v; want the first value, still held", info.Data, err, l.Err())
+	}
+}
+
+// heldSetData is a pgx tracer that holds SetData's statement at its start
+// until proceed is closed, having said so on started.
+type heldSetData struct{ started, proceed chan struct{} }
+
+func (h heldSetData) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == sqlSetData {
+		close(h.started)
+		<-h.proceed
+	}
+	return ctx
+}
+
+func (heldSetData) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// SetData racing the holder's own Release (another goroutine of the
+// holder ends the work): the release commits first and the update finds
+// no live grant. The lease was released, not lost: SetData returns Err()
+// (ErrReleased), as Renew does, not an ErrLost that would raise a false
+// alarm about exclusivity.
+func TestSetDataRacingOwnRelease(t *testing.T) {
+	t.Parallel()
+	h := heldSetData{started: make(chan struct{}), proceed: make(chan struct{})}
+	pool := pgtest.PoolFor(t, pgtest.URL(t), func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = h })
+	c := newClient(t, pool)
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "racing", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.SetData(ctx, json.RawMessage(`"late"`)) }()
+	select {
+	case <-h.started: // past its check that the lease is held
+	case <-ctx.Done():
+		t.Fatal("SetData never sent its statement")
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(h.proceed)
+	if err := <-done; !errors.Is(err, ErrReleased) || errors.Is(err, ErrLost) {
+		t.Errorf("SetData racing Release: %v, want ErrReleased", err)
 	}
 }
