@@ -36,6 +36,15 @@ const Table = "pgfence_schema_migrations"
 // CLI (migrate force N).
 var ErrDirty = errors.New("migrations: database is dirty: a migration failed part-way")
 
+// ErrDownRefused is returned by Down when reverting the migrations would
+// fail part-way: an object outside schema pgfence depends on it (a view
+// over pgfence.leases, say), a protected table's guard triggers belong to
+// a role that the role running Down cannot act as, or schema pgfence
+// belongs to another role. Down checks before it reverts anything, so the
+// database is left as it was, at its version and clean; the error names
+// the objects.
+var ErrDownRefused = errors.New("migrations: down refused: it would fail part-way")
+
 // ErrInvalid is returned for a connection string that cannot be parsed. Its
 // message never repeats the string, which may hold a password.
 var ErrInvalid = errors.New("migrations: invalid input")
@@ -58,9 +67,12 @@ func Up(ctx context.Context, databaseURL string) error {
 
 // Down reverts every applied migration, removing the pgfence schema and the
 // guard triggers pgfence.protect installed. It drops nothing of the
-// application's: an application object that depends on pgfence makes it fail.
-// The bookkeeping table Table is left in place, empty, as golang-migrate
-// leaves it. Like Up, it serialises with other runs.
+// application's: an application object that depends on pgfence makes it
+// fail with ErrDownRefused before it changes anything, and so does a
+// protected table that the role running Down cannot act as the owner of
+// (it could not remove the table's guard). The bookkeeping table Table is
+// left in place, empty, as golang-migrate leaves it. Like Up, it
+// serialises with other runs.
 func Down(ctx context.Context, databaseURL string) error {
 	if err := run(ctx, databaseURL, down); err != nil {
 		return fmt.Errorf("migrations: down: %w", err)
@@ -173,6 +185,11 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 		if err != nil {
 			return err
 		}
+		if dir == down && len(steps) > 0 {
+			if err := checkDown(ctx, conn); err != nil {
+				return err
+			}
+		}
 		for _, s := range steps {
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("stopped before migration %d: %w", s.file.version, context.Cause(ctx))
@@ -184,6 +201,71 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 		return nil
 	})
 }
+
+// checkDown refuses a Down that would stop part-way, before it changes
+// anything: golang-migrate's files run one transaction each, so a Down
+// refused by migration 1 (an application view over pgfence.leases) would
+// have reverted every other migration first and left the database dirty.
+func checkDown(ctx context.Context, conn *pgx.Conn) error {
+	rows, err := conn.Query(ctx, sqlDownBlockers)
+	if err != nil {
+		return fmt.Errorf("look for what depends on schema pgfence: %w", err)
+	}
+	blockers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("look for what depends on schema pgfence: %w", err)
+	}
+	if len(blockers) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w; nothing was changed: %s", ErrDownRefused, strings.Join(blockers, "; "))
+}
+
+// sqlDownBlockers lists what would make the down files fail: schema
+// pgfence owned by a role the current one cannot act as; objects outside
+// schema pgfence that depend on one inside it (a normal dependency: the
+// down files drop nothing with CASCADE), except the guard triggers of
+// tables the current role owns, which the down files remove; and those of
+// tables it does not own, which it cannot remove. A rule, trigger or
+// column default is judged by the schema of its table.
+const sqlDownBlockers = `
+WITH ours AS (
+    SELECT 'pg_catalog.pg_class'::regclass AS classid, c.oid
+      FROM pg_catalog.pg_class AS c WHERE c.relnamespace = pg_catalog.to_regnamespace('pgfence')
+    UNION ALL
+    SELECT 'pg_catalog.pg_proc'::regclass, p.oid
+      FROM pg_catalog.pg_proc AS p WHERE p.pronamespace = pg_catalog.to_regnamespace('pgfence')
+    UNION ALL
+    SELECT 'pg_catalog.pg_type'::regclass, t.oid
+      FROM pg_catalog.pg_type AS t WHERE t.typnamespace = pg_catalog.to_regnamespace('pgfence')
+), deps AS (
+    SELECT DISTINCT d.classid, d.objid, d.objsubid,
+           CASE d.classid
+               WHEN 'pg_catalog.pg_rewrite'::regclass THEN (SELECT r.ev_class FROM pg_catalog.pg_rewrite AS r WHERE r.oid = d.objid)
+               WHEN 'pg_catalog.pg_trigger'::regclass THEN (SELECT g.tgrelid FROM pg_catalog.pg_trigger AS g WHERE g.oid = d.objid)
+               WHEN 'pg_catalog.pg_attrdef'::regclass THEN (SELECT a.adrelid FROM pg_catalog.pg_attrdef AS a WHERE a.oid = d.objid)
+           END AS rel
+      FROM pg_catalog.pg_depend AS d
+      JOIN ours AS o ON o.classid = d.refclassid AND o.oid = d.refobjid
+     WHERE d.deptype = 'n'
+)
+SELECT pg_catalog.format('schema pgfence belongs to role %s: run Down as it (or a member of it)', n.nspowner::regrole)
+  FROM pg_catalog.pg_namespace AS n
+ WHERE n.nspname = 'pgfence' AND NOT pg_catalog.pg_has_role(n.nspowner, 'USAGE')
+UNION
+SELECT CASE WHEN x.classid = 'pg_catalog.pg_trigger'::regclass
+            THEN pg_catalog.format('protected table %s belongs to role %s: have it drop the triggers pgfence_guard and pgfence_guard_truncate, or run Down as it',
+                                   x.rel::regclass, c.relowner::regrole)
+            WHEN x.classid = 'pg_catalog.pg_rewrite'::regclass -- a view's rule: name the view
+            THEN pg_catalog.pg_describe_object('pg_catalog.pg_class'::regclass, x.rel, 0) || ' depends on schema pgfence: drop it first'
+            ELSE pg_catalog.pg_describe_object(x.classid, x.objid, x.objsubid) || ' depends on schema pgfence: drop it first'
+       END
+  FROM deps AS x
+  LEFT JOIN pg_catalog.pg_class AS c ON c.oid = x.rel
+ WHERE CASE WHEN x.rel IS NOT NULL THEN c.relnamespace <> pg_catalog.to_regnamespace('pgfence')
+            ELSE (pg_catalog.pg_identify_object(x.classid, x.objid, x.objsubid)).schema IS DISTINCT FROM 'pgfence' END
+   AND NOT (x.classid = 'pg_catalog.pg_trigger'::regclass AND pg_catalog.pg_has_role(c.relowner, 'USAGE'))
+ORDER BY 1`
 
 // step runs one file and leaves the database at version target (0: none).
 type step struct {
