@@ -170,6 +170,17 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 			return err
 		}
 		defer b.unlock(conn)
+		// The files name pgfence's objects schema-qualified and
+		// PostgreSQL's unqualified. With the role's own search path, a
+		// look-alike that another role created in one of its schemas
+		// (public, before PostgreSQL 15) is chosen where it matches an
+		// argument type better than the built-in (oid <> integer): run as
+		// this role by a DO block, or bound into a SQL function's body.
+		// pg_catalog alone leaves no choice; the bookkeeping table was
+		// found with the role's path, and is named schema-qualified.
+		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)`); err != nil {
+			return fmt.Errorf("pin the search path: %w", err)
+		}
 		// Under the lock: concurrent CREATE TABLE IF NOT EXISTS can fail.
 		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+b.table+` (version bigint not null primary key, dirty boolean not null)`); err != nil {
 			return fmt.Errorf("create %s: %w", b.table, err)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
 )
 
 // TestHostileSearchPath: a writer whose search_path puts a schema of
@@ -186,4 +188,84 @@ func TestWriterWithoutClientRole(t *testing.T) {
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM mine`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows written: %d, %v", n, err)
 	}
+}
+
+// TestMigrationRoleSearchPath (scenario: PostgreSQL 14, where every role
+// may create objects in schema public, which is on the migration role's
+// search path; an operator of version 3 granted an application role
+// SELECT and UPDATE on pgfence.leases, as version 3's README said). A
+// role with no privileges puts an operator for oid <> integer in public:
+// a better match than pg_catalog's oid <> oid for migration 4's
+// "a.grantee <> 0", so the files would run it as the migration role, a
+// superuser here. Up runs the files with a search path of pg_catalog
+// only, and the look-alike never runs.
+func TestMigrationRoleSearchPath(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	u := pgtest.EmptyURL(t)
+	admin := connect(t, u)
+	if _, err := admin.Exec(ctx, `GRANT CREATE ON SCHEMA public TO PUBLIC`); err != nil { // PostgreSQL 14's default
+		t.Fatal(err)
+	}
+	upTo(t, ctx, admin, 3)
+	newRole(t, u, `GRANT USAGE ON SCHEMA pgfence TO {role}`, `GRANT SELECT, UPDATE ON pgfence.leases TO {role}`)
+	hostileID, hostileURL := newRole(t, u)
+	hostile := connect(t, hostileURL)
+	escalate := `LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_catalog.pg_roles AS r WHERE r.rolname = current_user) THEN
+        EXECUTE 'ALTER ROLE ` + strings.ReplaceAll(hostileID, "'", "''") + ` SUPERUSER';
+    END IF;
+    RETURN true;
+END $$`
+	for _, q := range []string{
+		`CREATE FUNCTION public.ne(oid, integer) RETURNS boolean ` + escalate,
+		`CREATE FUNCTION public.eq(oid, integer) RETURNS boolean ` + escalate,
+		`CREATE OPERATOR public.<> (LEFTARG = oid, RIGHTARG = integer, FUNCTION = public.ne)`,
+		`CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = integer, FUNCTION = public.eq)`,
+	} {
+		if _, err := hostile.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	var super bool
+	if err := admin.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE oid = $1::regrole`, hostileID).Scan(&super); err != nil {
+		t.Fatal(err)
+	}
+	if super {
+		t.Error("the migrations ran a look-alike operator of an unprivileged role as the migration role: that role is a superuser now")
+	}
+	if bound := boundToRole(t, admin, hostileID); len(bound) != 0 {
+		t.Errorf("pgfence's objects use the look-alike operators, and run them as whoever calls them: %v", bound)
+	}
+}
+
+// boundToRole lists the objects that depend on an operator or function
+// role owns: a SQL function body or view bound to a look-alike.
+func boundToRole(t *testing.T, conn *pgx.Conn, role string) []string {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `
+SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ' uses ' || pg_describe_object(d.refclassid, d.refobjid, d.refobjsubid)
+  FROM pg_depend AS d
+ WHERE (d.refclassid = 'pg_operator'::regclass AND d.refobjid IN (SELECT oid FROM pg_operator WHERE oprowner = $1::regrole))
+    OR (d.refclassid = 'pg_proc'::regclass AND d.refobjid IN (SELECT oid FROM pg_proc WHERE proowner = $1::regrole))
+ ORDER BY 1`, role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ours []string
+	for _, b := range bound {
+		if strings.Contains(b, "pgfence.") {
+			ours = append(ours, b)
+		}
+	}
+	return ours
 }
