@@ -52,6 +52,10 @@
 // to retry, not PF001, and TRUNCATE of a protected table is refused there.
 // Migration 15 makes pgfence.protect refuse a generated fence column,
 // which PostgreSQL computes after the guard's stamp.
+// Migration 16 re-creates pgfence.lock_key and pgfence.unguarded, whose
+// SQL bodies were parsed with the migration role's search path: a
+// look-alike of a built-in that another role had put on it stayed bound
+// to them. Up and Down run every file with pg_catalog alone on the path.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.

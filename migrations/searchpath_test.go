@@ -269,3 +269,50 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ' uses ' || pg_desc
 	}
 	return ours
 }
+
+// TestUpRebindsLookAlikes (scenario: a database migrated before the runner
+// pinned the search path, or by golang-migrate's CLI, where an
+// unprivileged role had put look-alikes of built-ins in public). The SQL
+// bodies that were parsed then stay bound to them, to run as whoever
+// calls them: lock_key's convert_to under release, a SECURITY DEFINER
+// function. Up re-creates them bound to pg_catalog's.
+func TestUpRebindsLookAlikes(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	u := pgtest.EmptyURL(t)
+	admin := connect(t, u)
+	if _, err := admin.Exec(ctx, `GRANT CREATE ON SCHEMA public TO PUBLIC`); err != nil { // PostgreSQL 14's default
+		t.Fatal(err)
+	}
+	hostileID, hostileURL := newRole(t, u)
+	hostile := connect(t, hostileURL)
+	for _, q := range []string{
+		`CREATE FUNCTION public.convert_to(text, text) RETURNS bytea LANGUAGE sql AS 'SELECT pg_catalog.convert_to($1, $2::name)'`,
+		`CREATE FUNCTION public.concat_ws(text, text, text) RETURNS text LANGUAGE sql AS 'SELECT pg_catalog.concat_ws($1, $2, $3)'`,
+		`CREATE FUNCTION public.eq(oid, integer) RETURNS boolean LANGUAGE sql AS 'SELECT $1 OPERATOR(pg_catalog.=) $2::oid'`,
+		`CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = integer, FUNCTION = public.eq)`,
+	} {
+		if _, err := hostile.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	upTo(t, ctx, admin, 15) // as the runner of version 15 left it
+	if bound := boundToRole(t, admin, hostileID); len(bound) == 0 {
+		t.Fatal("precondition: migrations 1 to 15, run with the look-alikes on the path, bound nothing to them")
+	}
+	var before int64
+	if err := admin.QueryRow(ctx, `SELECT pgfence.lock_key('billing')`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(ctx, u); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	if bound := boundToRole(t, admin, hostileID); len(bound) != 0 {
+		t.Errorf("after Up, pgfence's objects still use the look-alikes: %v", bound)
+	}
+	var after int64
+	if err := admin.QueryRow(ctx, `SELECT pgfence.lock_key('billing')`).Scan(&after); err != nil || after != before {
+		t.Errorf("lock_key('billing') = %d, %v after Up; want %d as before", after, err, before)
+	}
+}
