@@ -3,6 +3,9 @@ package pgfencetest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,6 +45,57 @@ func TestProxyCutAndRestore(t *testing.T) {
 	}
 	if err := query(u, 5*time.Second); err == nil {
 		t.Fatal("a new connection through a cut proxy works")
+	}
+	proxy.Restore()
+	if err := query(u, 10*time.Second); err != nil {
+		t.Fatalf("after Restore: %v", err)
+	}
+}
+
+// TestProxyURLKeywordValue: a connection string in keyword/value form,
+// which PGFENCE_TEST_DATABASE_URL may hold and URL then returns, goes
+// through the proxy too.
+func TestProxyURLKeywordValue(t *testing.T) {
+	t.Parallel()
+	pu, err := url.Parse(pgfencetest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable",
+		pu.Hostname(), pu.Port(), pu.User.Username(), strings.TrimPrefix(pu.Path, "/"))
+	cutAndRestore(t, kv)
+}
+
+// TestProxyURLHostParameter: a URL whose parameters name the host and
+// port, which pgx prefers to the URL's, goes through the proxy too.
+func TestProxyURLHostParameter(t *testing.T) {
+	t.Parallel()
+	pu, err := url.Parse(pgfencetest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := pu.Query()
+	q.Set("host", pu.Hostname())
+	q.Set("port", pu.Port())
+	pu.RawQuery = q.Encode()
+	cutAndRestore(t, pu.String())
+}
+
+// cutAndRestore checks that a connection made with ProxyURL's rewrite of
+// databaseURL is cut by Cut, and that connecting works again after
+// Restore.
+func cutAndRestore(t *testing.T, databaseURL string) {
+	t.Helper()
+	ctx := context.Background()
+	proxy, u := pgfencetest.ProxyURL(t, databaseURL)
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	proxy.Cut()
+	if err := conn.Ping(ctx); err == nil {
+		t.Fatal("a connection through a cut proxy still works: it does not go through the proxy")
 	}
 	proxy.Restore()
 	if err := query(u, 10*time.Second); err != nil {

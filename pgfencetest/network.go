@@ -6,14 +6,15 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
-
-	"github.com/pgfence/pgfence/internal/redact"
 )
 
 // Proxy forwards TCP from a loopback port to a PostgreSQL server, so that
@@ -46,21 +47,44 @@ func NewProxy(t testing.TB, target string) *Proxy {
 }
 
 // ProxyURL starts a proxy to the server databaseURL points at and returns
-// it with databaseURL rewritten to go through it.
+// databaseURL rewritten to go through it. databaseURL is a connection
+// string in URL or keyword/value form (what URL returns, whichever form
+// PGFENCE_TEST_DATABASE_URL has), naming one TCP host; ProxyURL fails t
+// for anything else.
 func ProxyURL(t testing.TB, databaseURL string) (*Proxy, string) {
 	t.Helper()
+	cfg, err := pgconn.ParseConfig(databaseURL)
+	if err != nil {
+		// pgconn's message may quote the string, password and all.
+		t.Fatalf("pgfencetest: ProxyURL: the connection string cannot be parsed (its text is not repeated here: it may hold a password)")
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		t.Fatalf("pgfencetest: ProxyURL needs a TCP host, got the Unix socket directory %s", cfg.Host)
+	}
+	for _, fb := range cfg.Fallbacks {
+		if fb.Host != cfg.Host || fb.Port != cfg.Port {
+			t.Fatalf("pgfencetest: ProxyURL needs one host, got %s:%d and %s:%d", cfg.Host, cfg.Port, fb.Host, fb.Port)
+		}
+	}
+	p := NewProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	host, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatalf("pgfencetest: proxy address %s: %v", p.Addr(), err)
+	}
+	if !strings.HasPrefix(databaseURL, "postgres://") && !strings.HasPrefix(databaseURL, "postgresql://") {
+		// Keyword/value: a later keyword overrides an earlier one.
+		return p, databaseURL + " host=" + host + " port=" + port
+	}
 	u, err := url.Parse(databaseURL)
-	if err != nil || u.Host == "" {
-		secrets := redact.Secrets(databaseURL)
-		t.Fatalf("pgfencetest: ProxyURL needs a postgres:// URL with a host, got %q (%v)",
-			redact.String(databaseURL, secrets), redact.Error(err, secrets))
+	if err != nil {
+		t.Fatalf("pgfencetest: ProxyURL: the connection string cannot be parsed (its text is not repeated here: it may hold a password)")
 	}
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "5432")
-	}
-	p := NewProxy(t, host)
 	u.Host = p.Addr()
+	// A host or port among the parameters would override the URL's.
+	q := u.Query()
+	q.Del("host")
+	q.Del("port")
+	u.RawQuery = q.Encode()
 	return p, u.String()
 }
 
