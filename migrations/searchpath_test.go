@@ -201,13 +201,7 @@ func TestWriterWithoutClientRole(t *testing.T) {
 // only, and the look-alike never runs.
 func TestMigrationRoleSearchPath(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	u := pgtest.EmptyURL(t)
-	admin := connect(t, u)
-	if _, err := admin.Exec(ctx, `GRANT CREATE ON SCHEMA public TO PUBLIC`); err != nil { // PostgreSQL 14's default
-		t.Fatal(err)
-	}
+	ctx, u, admin := publicWritable(t)
 	upTo(t, ctx, admin, 3)
 	newRole(t, u, `GRANT USAGE ON SCHEMA pgfence TO {role}`, `GRANT SELECT, UPDATE ON pgfence.leases TO {role}`)
 	hostileID, hostileURL := newRole(t, u)
@@ -278,13 +272,7 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ' uses ' || pg_desc
 // function. Up re-creates them bound to pg_catalog's.
 func TestUpRebindsLookAlikes(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	u := pgtest.EmptyURL(t)
-	admin := connect(t, u)
-	if _, err := admin.Exec(ctx, `GRANT CREATE ON SCHEMA public TO PUBLIC`); err != nil { // PostgreSQL 14's default
-		t.Fatal(err)
-	}
+	ctx, u, admin := publicWritable(t)
 	hostileID, hostileURL := newRole(t, u)
 	hostile := connect(t, hostileURL)
 	for _, q := range []string{
@@ -315,4 +303,19 @@ func TestUpRebindsLookAlikes(t *testing.T) {
 	if err := admin.QueryRow(ctx, `SELECT pgfence.lock_key('billing')`).Scan(&after); err != nil || after != before {
 		t.Errorf("lock_key('billing') = %d, %v after Up; want %d as before", after, err, before)
 	}
+}
+
+// publicWritable returns a new empty database where every role may create
+// objects in schema public, as in PostgreSQL 14 and before, with a context
+// for the test and a connection of the database's owner.
+func publicWritable(t *testing.T) (context.Context, string, *pgx.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	u := pgtest.EmptyURL(t)
+	admin := connect(t, u)
+	if _, err := admin.Exec(ctx, `GRANT CREATE ON SCHEMA public TO PUBLIC`); err != nil { // PostgreSQL 14's default
+		t.Fatal(err)
+	}
+	return ctx, u, admin
 }
