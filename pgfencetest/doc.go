@@ -16,12 +16,13 @@
 //
 //  1. PGFENCE_TEST_DATABASE_URL, if set: an existing server whose role may
 //     CREATE DATABASE. Nothing is started. (Set explicitly, it wins.)
-//  2. testcontainers-go's postgres module, when a Docker engine answers;
-//     the image is PGFENCE_POSTGRES_IMAGE, default postgres:17-alpine.
+//  2. A container, started through the Docker Engine API, when a Docker
+//     engine answers; the image is PGFENCE_POSTGRES_IMAGE, default
+//     postgres:17-alpine.
 //  3. A throwaway cluster from PostgreSQL's binaries on the machine (initdb
 //     and postgres on PATH or under /usr/lib/postgresql/*/bin).
 //
-// PGFENCE_TEST_PROVISIONER=url, testcontainers or local forces one. When
+// PGFENCE_TEST_PROVISIONER=url, container or local forces one. When
 // none works the test fails, saying how to provide one; it never skips.
 // Call Main from TestMain: it stops what was started when the tests end.
 //

@@ -40,7 +40,7 @@ func Pool(t testing.TB) *pgxpool.Pool {
 }
 
 // Source says where the test binary's server came from, for test logs:
-// "PGFENCE_TEST_DATABASE_URL", "testcontainers (postgres:17-alpine)",
+// "PGFENCE_TEST_DATABASE_URL", "a container (postgres:17-alpine, Docker Engine API)",
 // "local binaries (/usr/lib/postgresql/15/bin)".
 func Source(t testing.TB) string {
 	t.Helper()
