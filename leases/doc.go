@@ -124,9 +124,10 @@
 // stays, expired: rows are never
 // deleted, so every grant after a name's first draws its fence under the
 // row lock, after the previous grant committed, and fences increase in
-// grant order. Waiting acquirers listen on one dedicated
-// connection per Client (taken from the pool and hijacked, started when
-// something first waits, observes or leads), so a waiter on another
+// grant order. Waiting acquirers listen on a dedicated connection per
+// Client, beside a second one that holds the wait keys (both taken from
+// the pool and hijacked when something first waits, observes or leads),
+// so a waiter on another
 // replica holds the lease about one round trip after the release. Within
 // one Client, waiters on a name queue up and only the head attempts, so a
 // release costs one attempt per Client, not one per waiter; a release by

@@ -184,12 +184,12 @@ func WithPollInterval(d time.Duration) Option {
 }
 
 // WithNotifications turns the LISTEN/NOTIFY listener on or off. When on
-// (the default), the client opens one dedicated connection, taken from the
-// pool and hijacked, the first time something waits or observes; releases
+// (the default), the client takes two dedicated connections from the pool
+// and hijacks them, the first time something waits or observes; releases
 // then wake waiters at once. Behind a transaction-mode pooler the client
 // finds out by itself that notifications never arrive (a probe NOTIFY) and
 // falls back to polling; turning the listener off there only saves its
-// connection and the 2s probe. Releases still send notifications either
+// connections and the 2s probe. Releases still send notifications either
 // way.
 func WithNotifications(enabled bool) Option {
 	return func(c *config) error {
