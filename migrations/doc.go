@@ -76,7 +76,10 @@
 //	migrate -path ./migrations \
 //	  -database 'pgx5://app@db:5432/app?x-migrations-table=pgfence_schema_migrations' up
 //
-// Up, Down and Version are equivalent to the CLI's up, down and version.
-// Up is safe to run concurrently from many processes (each replica at
-// start-up, say): golang-migrate serialises them with an advisory lock.
+// Up, Down and Version do what the CLI's up, down and version do, but
+// with pg_catalog alone on the search path (see above), and Down refuses
+// (ErrDownRefused) before reverting anything where the CLI's down would
+// fail part-way. Up is safe to run concurrently from many processes (each
+// replica at start-up, say), and beside the CLI: they serialise on
+// golang-migrate's advisory lock.
 package migrations
