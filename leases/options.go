@@ -17,7 +17,8 @@ import (
 const (
 	// MinTTL is the shortest TTL a lease may have.
 	MinTTL = time.Second
-	// MaxNameLen is the longest lease name, in bytes (the schema's CHECK).
+	// MaxNameLen is the longest lease name, in bytes (the grant functions'
+	// check).
 	MaxNameLen = 200
 	// MaxOwnerLen is the longest owner prefix given to WithOwner, in bytes;
 	// the per-grant suffix keeps the stored owner within 200 bytes.

@@ -2,7 +2,7 @@
 // (pglock), lease names and owner ids (leases). One set of rules keeps a
 // name that works as a lock working as a lease, and keeps every name
 // representable as PostgreSQL text, so that SQL (pgfence.lock_key, the
-// lease table's CHECK) sees the same bytes as Go.
+// grant functions' checks) sees the same bytes as Go.
 package names
 
 import (
@@ -11,8 +11,8 @@ import (
 	"unicode/utf8"
 )
 
-// MaxLen is the longest lock or lease name, in bytes; the lease table's
-// CHECK constraint says the same.
+// MaxLen is the longest lock or lease name, in bytes; the grant functions
+// (pgfence.try_acquire, try_acquire_slot) check the same.
 const MaxLen = 200
 
 // Check returns nil if s is 1 to maxLen bytes of valid UTF-8 without NUL,
