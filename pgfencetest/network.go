@@ -186,14 +186,59 @@ func (p *Proxy) close() {
 
 // CutContainerNetwork disconnects the container id (name or ID) from every
 // network it is attached to, so that it can reach nothing and nothing can
-// reach it. The returned function reconnects it with the same endpoint
-// settings (aliases, addresses); it is safe to call more than once, and
-// runs when t ends if the test has not called it. It fails t if no Docker
-// engine answers or a disconnect fails.
+// reach it. The returned function reconnects it, with the same endpoint
+// settings (aliases, addresses), to every one of those networks it is no
+// longer on; it is safe to call more than once, and runs when t ends if
+// the test has not called it. It fails t if no Docker engine answers or a
+// disconnect fails; the networks already cut are reconnected when t ends
+// all the same.
 func CutContainerNetwork(t testing.TB, id string) (restore func()) {
 	t.Helper()
+	return cutNetwork(t, id, func(f func(context.Context, networkAPI) error) error {
+		return withDocker(func(ctx context.Context, cli *testcontainers.DockerClient) error { return f(ctx, cli) })
+	})
+}
+
+// networkAPI is what CutContainerNetwork asks of the Docker engine.
+type networkAPI interface {
+	ContainerInspect(context.Context, string, client.ContainerInspectOptions) (client.ContainerInspectResult, error)
+	NetworkDisconnect(context.Context, string, client.NetworkDisconnectOptions) (client.NetworkDisconnectResult, error)
+	NetworkConnect(context.Context, string, client.NetworkConnectOptions) (client.NetworkConnectResult, error)
+}
+
+// cutNetwork is CutContainerNetwork with the engine given by docker.
+func cutNetwork(t testing.TB, id string, docker func(func(context.Context, networkAPI) error) error) (restore func()) {
+	t.Helper()
 	var saved map[string]*network.EndpointSettings
-	err := withDocker(func(ctx context.Context, cli *testcontainers.DockerClient) error {
+	// Registered before the first disconnect, so that a failure part-way
+	// (or a disconnect that failed on the client but happened on the
+	// engine) leaves nothing cut once t ends.
+	restore = once(t, func() error {
+		if len(saved) == 0 {
+			return nil
+		}
+		return docker(func(ctx context.Context, cli networkAPI) error {
+			res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+			if err != nil {
+				return fmt.Errorf("reconnect container %s: %w", id, err)
+			}
+			var now map[string]*network.EndpointSettings
+			if res.Container.NetworkSettings != nil {
+				now = res.Container.NetworkSettings.Networks
+			}
+			for name, ep := range saved {
+				if _, ok := now[name]; ok {
+					continue
+				}
+				settings := &network.EndpointSettings{Aliases: ep.Aliases, IPAMConfig: ep.IPAMConfig, Links: ep.Links}
+				if _, err := cli.NetworkConnect(ctx, name, client.NetworkConnectOptions{Container: id, EndpointConfig: settings}); err != nil {
+					return fmt.Errorf("reconnect container %s to %s: %w", id, name, err)
+				}
+			}
+			return nil
+		})
+	})
+	err := docker(func(ctx context.Context, cli networkAPI) error {
 		res, err := cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
 		if err != nil {
 			return err
@@ -211,15 +256,5 @@ func CutContainerNetwork(t testing.TB, id string) (restore func()) {
 	if err != nil {
 		t.Fatalf("pgfencetest: cut the network of container %s: %v", id, err)
 	}
-	return once(t, func() error {
-		return withDocker(func(ctx context.Context, cli *testcontainers.DockerClient) error {
-			for name, ep := range saved {
-				settings := &network.EndpointSettings{Aliases: ep.Aliases, IPAMConfig: ep.IPAMConfig, Links: ep.Links}
-				if _, err := cli.NetworkConnect(ctx, name, client.NetworkConnectOptions{Container: id, EndpointConfig: settings}); err != nil {
-					return fmt.Errorf("reconnect container %s to %s: %w", id, name, err)
-				}
-			}
-			return nil
-		})
-	})
+	return restore
 }
