@@ -33,6 +33,8 @@
 // that its lease expires under it; the returned function resumes it.
 // NewProxy puts a loopback TCP proxy between a process and PostgreSQL whose
 // Cut drops its connections and refuses new ones (a partition) until
-// Restore; CutContainerNetwork disconnects a container from its networks.
+// Restore (it dials the server within 10s of each connection, and closes
+// the connection when that fails); CutContainerNetwork disconnects a
+// container from its networks.
 // Everything is undone when the test ends, also when it fails.
 package pgfencetest

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/moby/moby/api/types/network"
@@ -21,10 +22,20 @@ import (
 // a test can cut a process under test off from the database: start the
 // process with ProxyURL's URL, then Cut and Restore. It belongs to the test
 // that made it and is closed, with its connections, when the test ends.
+//
+// Each connection it accepts, it forwards over a new connection to the
+// target, dialled within 10s; when that fails, it closes the
+// accepted connection, as an unreachable server would look to the
+// process.
 type Proxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup // the accept loop and every forwarding goroutine
+	ln          net.Listener
+	target      string
+	dialTimeout time.Duration
+	wg          sync.WaitGroup // the accept loop and every forwarding goroutine
+
+	// stop ends the dials in flight when the proxy is closed.
+	stopped context.Context
+	stop    context.CancelFunc
 
 	mu     sync.Mutex
 	cut    bool
@@ -32,14 +43,23 @@ type Proxy struct {
 	conns  map[net.Conn]struct{}
 }
 
+// proxyDialTimeout bounds a Proxy's dial to its target.
+const proxyDialTimeout = 10 * time.Second
+
 // NewProxy starts a proxy to target (host:port) on a free loopback port.
 func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	return newProxy(t, target, proxyDialTimeout)
+}
+
+func newProxy(t testing.TB, target string, dialTimeout time.Duration) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("pgfencetest: proxy listen: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, dialTimeout: dialTimeout, conns: map[net.Conn]struct{}{}}
+	p.stopped, p.stop = context.WithCancel(context.Background())
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -150,8 +170,10 @@ func (p *Proxy) untrack(c net.Conn) {
 func (p *Proxy) forward(client net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client)
+	ctx, cancel := context.WithTimeout(p.stopped, p.dialTimeout)
 	var d net.Dialer
-	server, err := d.Dial("tcp", p.target)
+	server, err := d.DialContext(ctx, "tcp", p.target)
+	cancel()
 	if err != nil {
 		return
 	}
@@ -180,6 +202,7 @@ func (p *Proxy) close() {
 		_ = c.Close()
 	}
 	p.mu.Unlock()
+	p.stop()
 	_ = p.ln.Close()
 	p.wg.Wait()
 }
