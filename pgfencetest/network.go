@@ -46,7 +46,8 @@ type Proxy struct {
 // proxyDialTimeout bounds a Proxy's dial to its target.
 const proxyDialTimeout = 10 * time.Second
 
-// NewProxy starts a proxy to target (host:port) on a free loopback port.
+// NewProxy starts a proxy to target (host:port) on a free loopback port. It
+// fails t if target is not host:port.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
 	return newProxy(t, target, proxyDialTimeout)
@@ -54,6 +55,9 @@ func NewProxy(t testing.TB, target string) *Proxy {
 
 func newProxy(t testing.TB, target string, dialTimeout time.Duration) *Proxy {
 	t.Helper()
+	if host, port, err := net.SplitHostPort(target); err != nil || host == "" || port == "" {
+		t.Fatalf("pgfencetest: NewProxy: the target must be host:port, got %q", target)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("pgfencetest: proxy listen: %v", err)
@@ -70,9 +74,13 @@ func newProxy(t testing.TB, target string, dialTimeout time.Duration) *Proxy {
 // databaseURL rewritten to go through it. databaseURL is a connection
 // string in URL or keyword/value form (what URL returns, whichever form
 // PGFENCE_TEST_DATABASE_URL has), naming one TCP host; ProxyURL fails t
-// for anything else.
+// for anything else, and for an empty string (which pgx would read as
+// "the defaults").
 func ProxyURL(t testing.TB, databaseURL string) (*Proxy, string) {
 	t.Helper()
+	if strings.TrimSpace(databaseURL) == "" {
+		t.Fatalf("pgfencetest: ProxyURL: the connection string is empty")
+	}
 	cfg, err := pgconn.ParseConfig(databaseURL)
 	if err != nil {
 		// pgconn's message may quote the string, password and all.
@@ -212,9 +220,9 @@ func (p *Proxy) close() {
 // reach it. The returned function reconnects it, with the same endpoint
 // settings (aliases, addresses), to every one of those networks it is no
 // longer on; it is safe to call more than once, and runs when t ends if
-// the test has not called it. It fails t if no Docker engine answers or a
-// disconnect fails; the networks already cut are reconnected when t ends
-// all the same.
+// the test has not called it. It fails t if id is empty, no Docker engine
+// answers or a disconnect fails; the networks already cut are reconnected
+// when t ends all the same.
 func CutContainerNetwork(t testing.TB, id string) (restore func()) {
 	t.Helper()
 	return cutNetwork(t, id, func(f func(context.Context, networkAPI) error) error {
@@ -232,6 +240,9 @@ type networkAPI interface {
 // cutNetwork is CutContainerNetwork with the engine given by docker.
 func cutNetwork(t testing.TB, id string, docker func(func(context.Context, networkAPI) error) error) (restore func()) {
 	t.Helper()
+	if id == "" {
+		t.Fatalf("pgfencetest: CutContainerNetwork: the container ID is empty")
+	}
 	var saved map[string]*network.EndpointSettings
 	// Registered before the first disconnect, so that a failure part-way
 	// (or a disconnect that failed on the client but happened on the

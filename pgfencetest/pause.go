@@ -19,9 +19,13 @@ import (
 // code, so its lease expires under it. The returned function resumes it
 // with SIGCONT; it is safe to call more than once, and runs when t ends if
 // the test has not called it. PauseProcess fails t if the signal cannot be
-// sent. p is usually a child the test started (exec.Cmd.Process).
+// sent, or at once if p is nil. p is usually a child the test started
+// (exec.Cmd.Process, which is nil until Start succeeds).
 func PauseProcess(t testing.TB, p *os.Process) (resume func()) {
 	t.Helper()
+	if p == nil {
+		t.Fatalf("pgfencetest: PauseProcess: the process is nil (start the command first)")
+	}
 	if err := p.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatalf("pgfencetest: SIGSTOP process %d: %v", p.Pid, err)
 	}
@@ -37,9 +41,13 @@ func PauseProcess(t testing.TB, p *os.Process) (resume func()) {
 // engine's pause (the cgroup freezer): every process in it stops at once,
 // connections stay open. The returned function unpauses it; it is safe to
 // call more than once, and runs when t ends if the test has not called it.
-// PauseContainer fails t if no Docker engine answers or the pause fails.
+// PauseContainer fails t if id is empty, no Docker engine answers or the
+// pause fails.
 func PauseContainer(t testing.TB, id string) (resume func()) {
 	t.Helper()
+	if id == "" {
+		t.Fatalf("pgfencetest: PauseContainer: the container ID is empty")
+	}
 	err := withDocker(func(ctx context.Context, cli *testcontainers.DockerClient) error {
 		_, err := cli.ContainerPause(ctx, id, client.ContainerPauseOptions{})
 		return err
