@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -150,6 +151,10 @@ func TestPausedReplicaIsFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in, err := cmd.StdinPipe() // closed: the replica's work is done
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -166,6 +171,7 @@ func TestPausedReplicaIsFenced(t *testing.T) {
 		t.Fatalf("replica-b on day 1: %q, %v; want wrote", got, err)
 	}
 	resume()
+	_ = in.Close()
 	if !lines.Scan() || lines.Text() != "stale" {
 		t.Fatalf("the resumed replica: want stale, got %q (%v)", lines.Text(), lines.Err())
 	}
@@ -178,7 +184,9 @@ func TestPausedReplicaIsFenced(t *testing.T) {
 }
 
 // replica is the child process of TestPausedReplicaIsFenced: it runs day 1,
-// saying "working" as its work begins and then the outcome.
+// saying "working" as its work begins and then the outcome. The work lasts
+// until the test closes the replica's stdin, so that the test freezes it
+// mid-work however slow the machine is.
 func replica(url string) int {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
@@ -195,7 +203,7 @@ func replica(url string) int {
 	defer lc.Close()
 	got, err := runInvoices(ctx, pool, lc, 1, func() {
 		fmt.Println("working")
-		time.Sleep(time.Second) // the work; the parent freezes us meanwhile
+		_, _ = io.Copy(io.Discard, os.Stdin)
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
