@@ -82,4 +82,19 @@
 // fail part-way. Up is safe to run concurrently from many processes (each
 // replica at start-up, say), and beside the CLI: they serialise on
 // golang-migrate's advisory lock.
+//
+// # Privileges
+//
+// Applying a migration needs the migration role: one that may create
+// schema pgfence (and owns it afterwards), create the bookkeeping table
+// in its schema the first time, and create roles (migration 4). When the
+// schema is current, Up and Version need only SELECT on the bookkeeping
+// table (and USAGE on its schema): the advisory lock needs no privilege,
+// and the table is created only when missing. A replica that runs Up at
+// start-up as a least-privileged application role (a member of
+// pgfence_client, which holds nothing outside schema pgfence) fails with
+// SQLSTATE 42501 unless it is granted that SELECT
+// (GRANT SELECT ON pgfence_schema_migrations TO pgfence_client), and fails
+// all the same when a migration is pending: apply migrations in a deploy
+// step, as the migration role.
 package migrations

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/redact"
 )
 
@@ -52,7 +53,10 @@ var ErrInvalid = errors.New("migrations: invalid input")
 // Up applies every pending migration, each file in its own transaction. It
 // is safe to run from many processes at once (and beside the upstream CLI):
 // they serialise on golang-migrate's advisory lock, and the ones that find
-// the schema current return nil.
+// the schema current return nil. Finding it current needs only SELECT on
+// the bookkeeping table Table (the table is created only when missing);
+// applying a migration needs the migration role (see the package doc,
+// "Privileges").
 //
 // databaseURL is a PostgreSQL connection string in URL or keyword/value form
 // (anything pgx.ParseConfig accepts); errors never quote it. ctx bounds
@@ -181,9 +185,12 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)`); err != nil {
 			return fmt.Errorf("pin the search path: %w", err)
 		}
-		// Under the lock: concurrent CREATE TABLE IF NOT EXISTS can fail.
-		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+b.table+` (version bigint not null primary key, dirty boolean not null)`); err != nil {
-			return fmt.Errorf("create %s: %w", b.table, err)
+		// Created only when missing, as golang-migrate does: CREATE TABLE
+		// IF NOT EXISTS needs CREATE on the schema even when the table is
+		// there, which a replica's least-privileged role lacks. Under the
+		// lock: concurrent creations can fail.
+		if err := b.create(ctx, conn); err != nil {
+			return err
 		}
 		cur, dirty, err := b.version(ctx, conn)
 		if err != nil {
@@ -418,6 +425,21 @@ func (b bookkeeping) unlock(conn *pgx.Conn) {
 	_, _ = conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, b.lockID)
 }
 
+// create creates the bookkeeping table if it does not exist.
+func (b bookkeeping) create(ctx context.Context, conn *pgx.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, b.table).Scan(&exists); err != nil {
+		return fmt.Errorf("look for %s: %w", b.table, err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+b.table+` (version bigint not null primary key, dirty boolean not null)`); err != nil {
+		return fmt.Errorf("create %s: %w", b.table, err)
+	}
+	return nil
+}
+
 func (b bookkeeping) version(ctx context.Context, conn *pgx.Conn) (uint, bool, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, b.table).Scan(&exists); err != nil {
@@ -432,6 +454,8 @@ func (b bookkeeping) version(ctx context.Context, conn *pgx.Conn) (uint, bool, e
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return 0, false, nil
+	case pgerr.Code(err) == pgerr.InsufficientPrivilege:
+		return 0, false, fmt.Errorf("read %s (on a current schema, Up and Version need SELECT on it and nothing else: GRANT SELECT ON %s TO pgfence_client, or run them as the migration role): %w", b.table, b.table, err)
 	case err != nil:
 		return 0, false, fmt.Errorf("read %s: %w", b.table, err)
 	case v < 0:
