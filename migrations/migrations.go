@@ -77,6 +77,12 @@ func Up(ctx context.Context, databaseURL string) error {
 // (it could not remove the table's guard). The bookkeeping table Table is
 // left in place, empty, as golang-migrate leaves it. Like Up, it
 // serialises with other runs.
+//
+// Down drops the roles pgfence_client and pgfence_operator too (they are
+// cluster-wide), unless another database of the cluster still grants them
+// something, and with them every membership in them: each GRANT
+// pgfence_client TO app is gone, and a later Up creates the roles without
+// members.
 func Down(ctx context.Context, databaseURL string) error {
 	if err := run(ctx, databaseURL, down); err != nil {
 		return fmt.Errorf("migrations: down: %w", err)

@@ -23,7 +23,9 @@ application's own golang-migrate history.
 
   up       apply pending migrations (safe to run from many processes at once)
   down     revert all of them: drops schema pgfence and the guard triggers
-           installed by pgfence.protect (fails if application objects depend on it)
+           installed by pgfence.protect (fails if application objects depend on it),
+           and the roles pgfence_client and pgfence_operator with every grant of
+           them (GRANT pgfence_client TO app) unless another database uses them
   version  print the applied version ("0" when none), and "(dirty)" after a
            failed migration
 
