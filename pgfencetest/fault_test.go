@@ -32,24 +32,7 @@ func query(u string, d time.Duration) error {
 
 func TestProxyCutAndRestore(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	proxy, u := pgfencetest.ProxyURL(t, pgfencetest.URL(t))
-	conn, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	proxy.Cut()
-	if err := conn.Ping(ctx); err == nil {
-		t.Fatal("a connection through a cut proxy still works")
-	}
-	if err := query(u, 5*time.Second); err == nil {
-		t.Fatal("a new connection through a cut proxy works")
-	}
-	proxy.Restore()
-	if err := query(u, 10*time.Second); err != nil {
-		t.Fatalf("after Restore: %v", err)
-	}
+	cutAndRestore(t, pgfencetest.URL(t))
 }
 
 // TestProxyURLKeywordValue: a connection string in keyword/value form,
@@ -82,8 +65,8 @@ func TestProxyURLHostParameter(t *testing.T) {
 }
 
 // cutAndRestore checks that a connection made with ProxyURL's rewrite of
-// databaseURL is cut by Cut, and that connecting works again after
-// Restore.
+// databaseURL is cut by Cut, that no new one gets through while cut, and
+// that connecting works again after Restore.
 func cutAndRestore(t *testing.T, databaseURL string) {
 	t.Helper()
 	ctx := context.Background()
@@ -96,6 +79,9 @@ func cutAndRestore(t *testing.T, databaseURL string) {
 	proxy.Cut()
 	if err := conn.Ping(ctx); err == nil {
 		t.Fatal("a connection through a cut proxy still works: it does not go through the proxy")
+	}
+	if err := query(u, 5*time.Second); err == nil {
+		t.Fatal("a new connection through a cut proxy works")
 	}
 	proxy.Restore()
 	if err := query(u, 10*time.Second); err != nil {
