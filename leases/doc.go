@@ -157,6 +157,8 @@
 // the old holder's work may still run. RequestHandover waits until the
 // grant it asked is gone; a holder that does not release within its
 // timeout is reported (ErrHandoverTimeout, naming it) and keeps the lease.
+// A wait that the caller's context cuts short returns the context's error
+// (naming the holder too), not ErrHandoverTimeout.
 //
 // # Leader election
 //

@@ -33,8 +33,9 @@ var (
 	ErrHandover = errors.New("leases: hand-over requested")
 
 	// ErrHandoverTimeout is returned by RequestHandover when the holder did
-	// not release within the bound. It still holds the lease: nothing was
-	// forced.
+	// not release within its timeout. It still holds the lease: nothing was
+	// forced. A wait cut short by the context wraps the context's error
+	// instead.
 	ErrHandoverTimeout = errors.New("leases: holder did not hand over in time")
 
 	// ErrClosed is returned by a Client's methods after Close, and is part of

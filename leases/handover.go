@@ -36,11 +36,14 @@ func (c *Client) handoverLocked(l *Lease) {
 // over, and waits until it has: until the grant it asked is no longer the
 // lease's grant (released, and perhaps already taken by a waiter). It
 // returns that grant. If nobody holds the lease it returns ErrNotHeld. If
-// the grant is still there after timeout (or when ctx ends), it returns an
-// error wrapping ErrHandoverTimeout naming the holder, which keeps the
-// lease: nothing is forced (ForceRelease is the break-glass). The request
-// stays recorded for that grant, so the holder may still step down later;
-// calling again repeats it. Needs pgfence_operator (pgfence.request_handover).
+// the grant is still there after timeout, it returns an error wrapping
+// ErrHandoverTimeout naming the holder, which keeps the lease: nothing is
+// forced (ForceRelease is the break-glass). If ctx ends first, the wait is
+// cut short: the error names the holder, which held the lease when the wait
+// ended and keeps it, and wraps ctx's error (context.Cause), not
+// ErrHandoverTimeout. Either way the request stays recorded for that grant,
+// so the holder may still step down later; calling again repeats it. Needs
+// pgfence_operator (pgfence.request_handover).
 func (c *Client) RequestHandover(ctx context.Context, name string, timeout time.Duration) (Info, error) {
 	if err := validateName(name); err != nil {
 		return Info{}, err
@@ -70,6 +73,7 @@ func (c *Client) requestHandover(ctx context.Context, name string, timeout time.
 		return Info{Name: name}, dbError(fmt.Sprintf("hand-over of %q", name), err)
 	}
 	c.log.Info("leases: hand-over requested", "name", name, "owner", asked.Owner, "fence", asked.Fence)
+	begin := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ch, err := c.Observe(wctx, name)
@@ -84,8 +88,12 @@ func (c *Client) requestHandover(ctx context.Context, name string, timeout time.
 			return asked, nil
 		}
 	}
-	if c.isClosed() {
+	switch {
+	case c.isClosed():
 		return asked, fmt.Errorf("hand-over of %q: %w", name, ErrClosed)
+	case ctx.Err() != nil:
+		return asked, fmt.Errorf("leases: hand-over of %q: wait cut short after %s, with %q (fence %d) still holding it: %w",
+			name, time.Since(begin).Round(time.Millisecond), asked.Owner, asked.Fence, context.Cause(ctx))
 	}
 	return asked, fmt.Errorf("leases: hand-over of %q: %q (fence %d) still holds it after %s: %w",
 		name, asked.Owner, asked.Fence, timeout, ErrHandoverTimeout)

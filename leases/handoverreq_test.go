@@ -293,3 +293,45 @@ func TestLeaseUsableAfterHandoverRequest(t *testing.T) {
 		t.Errorf("SetData after Release: %v, want ErrReleased", err)
 	}
 }
+
+// A hand-over request whose ctx ends before its timeout says so: the wait
+// was cut short by the caller, not timed out. The error wraps ctx's error,
+// names the holder, which keeps the lease, and does not match
+// ErrHandoverTimeout, whose message would claim the holder held on for the
+// whole timeout.
+func TestHandoverRequestContextEnds(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, op := cs[0], cs[1]
+	ctx := testContext(t)
+	l, err := a.TryAcquire(ctx, "cut-short", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		want error
+		ctx  func() (context.Context, context.CancelFunc)
+	}{
+		{"deadline", context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 300*time.Millisecond)
+		}},
+		{"cancel", context.Canceled, func() (context.Context, context.CancelFunc) {
+			rctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(300*time.Millisecond, cancel)
+			return rctx, cancel
+		}},
+	} {
+		rctx, cancel := tc.ctx()
+		_, err := op.RequestHandover(rctx, "cut-short", time.Minute)
+		cancel()
+		if !errors.Is(err, tc.want) || errors.Is(err, ErrHandoverTimeout) || !strings.Contains(err.Error(), l.Owner()) ||
+			strings.Contains(err.Error(), "after 1m0s") {
+			t.Errorf("%s: RequestHandover whose ctx ends first: %v; want an error wrapping %v, naming %s, not ErrHandoverTimeout",
+				tc.name, err, tc.want, l.Owner())
+		}
+	}
+	if info, err := op.Get(ctx, "cut-short"); err != nil || info.Fence != l.Fence() {
+		t.Errorf("after the request: %+v, %v; want the holder still holding", info, err)
+	}
+}
