@@ -130,16 +130,28 @@ func (e *BlockedError) Is(target error) bool { return target == ErrBlocked }
 // isLockTimeout reports whether err is PostgreSQL's lock_not_available.
 func isLockTimeout(err error) bool { return pgerr.Code(err) == pgerr.LockNotAvailable }
 
-// HeldError is the error TryAcquire returns when another owner holds the
-// lease. It matches ErrHeld with errors.Is.
+// HeldError is the error TryAcquire (and Semaphore.TryAcquire) returns
+// when the lease, or every slot, cannot be taken now. It matches ErrHeld
+// with errors.Is.
 type HeldError struct {
 	// Holder describes the current grant, as read in the same statement
-	// that failed to take the lease.
+	// that failed to take the lease: for a semaphore, the live slot that
+	// frees first. A semaphore can also have no slot to give and no live
+	// holder, when the row or fence lock of each slot it could grant is
+	// held — by a taker granting that slot at this moment, or by a former
+	// holder's fenced transaction still open. Holder then has only Name,
+	// the semaphore's, with an empty Owner and zero Fence; a slot is likely
+	// free in a moment (Semaphore.Acquire looks again after 50ms).
 	Holder Info
 }
 
-// Error names the lease, its holder and the holder's fence.
+// Error names the lease, its holder and the holder's fence; or the
+// semaphore whose slots are busy with no live holder.
 func (e *HeldError) Error() string {
+	if e.Holder.Owner == "" {
+		return fmt.Sprintf("leases: semaphore %q: no live holder, yet no slot free to take: "+
+			"each is locked, by a taker granting it or by a former holder's open fenced transaction", e.Holder.Name)
+	}
 	return fmt.Sprintf("leases: lease %q held by %q (fence %d) until %s",
 		e.Holder.Name, e.Holder.Owner, e.Holder.Fence, e.Holder.ExpiresAt.UTC().Format(time.RFC3339Nano))
 }

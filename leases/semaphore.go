@@ -104,7 +104,11 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (*Lease, err
 
 // TryAcquire takes a free slot for ttl, in one statement, if there is one.
 // When all slots are held it returns a *HeldError (matching ErrHeld) that
-// names the slot whose grant expires first. ctx bounds the statement.
+// names the slot whose grant expires first. When no slot is held but none
+// can be taken (each is locked: a taker granting it, or a former holder's
+// fenced transaction still open), the *HeldError has no holder: its
+// Holder has only Name, the semaphore's, and an empty Owner (HeldError
+// says more). ctx bounds the statement.
 func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, error) {
 	c := s.c
 	if err := c.checkTTL(ctx, ttl); err != nil {

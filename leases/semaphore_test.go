@@ -334,3 +334,58 @@ func TestSemaphoreDoesNotQueueBehindLeaseOfSameName(t *testing.T) {
 		t.Errorf("lease's waiter: %v, want context.Canceled", err)
 	}
 }
+
+// A full semaphore with no live holder: its one slot expired while its
+// former holder, paused, still has a fenced transaction open, so the slot
+// cannot be granted again yet. TryAcquire matches ErrHeld, but its
+// HeldError says what is true — no live holder, the slots are busy — not
+// that an owner "" with fence 0 holds the semaphore.
+func TestSemaphoreTryAcquireSlotsBusy(t *testing.T) {
+	t.Parallel()
+	cs, pools := clients(t, 2)
+	a, b := freeze(cs[0]), cs[1]
+	ctx := testContext(t)
+	sa, _ := a.Semaphore("busy", 1)
+	sb, _ := b.Semaphore("busy", 1)
+	l, err := sa.TryAcquire(ctx, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pause(a, l)
+	if _, err := pools[0].Exec(ctx, `CREATE TABLE busy_jobs (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := fencing.Protect(ctx, pools[0], "busy_jobs"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := fencing.Begin(ctx, pools[0], l.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO busy_jobs (id) VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	waitExpired(t, pools[1], l.Name())
+
+	_, err = sb.TryAcquire(ctx, time.Minute)
+	var held *HeldError
+	if !errors.Is(err, ErrHeld) || !errors.As(err, &held) {
+		t.Fatalf("TryAcquire with the only slot busy: %v, want a *HeldError", err)
+	}
+	t.Logf("slots busy: %v", err)
+	if held.Holder.Name != "busy" || held.Holder.Owner != "" || held.Holder.Fence != 0 {
+		t.Errorf("Holder %+v, want the semaphore's name and no owner", held.Holder)
+	}
+	if msg := err.Error(); !strings.HasPrefix(msg, `leases: semaphore "busy": `) || !strings.Contains(msg, "no live holder") ||
+		strings.Contains(msg, `held by ""`) || strings.Contains(msg, "fence 0") {
+		t.Errorf("message %q, want it to say the semaphore has no live holder but no slot free", msg)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := sb.TryAcquire(ctx, time.Minute)
+	if err != nil || next.Slot() != 1 || next.Fence() <= l.Fence() {
+		t.Fatalf("TryAcquire once the fenced transaction ended: %v, %v; want slot 1 above fence %d", next, err, l.Fence())
+	}
+}
