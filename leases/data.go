@@ -143,7 +143,8 @@ func dataArg(data json.RawMessage) any {
 }
 
 // Data returns the data of this grant as this client last wrote it
-// (WithData, SetData), compact; nil for none.
+// (WithData, SetData), compact; nil for none. A SetData that failed is not
+// reflected, even if its update committed (see SetData).
 func (l *Lease) Data() json.RawMessage {
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
@@ -158,8 +159,13 @@ func (l *Lease) Data() json.RawMessage {
 // is then lost, as after a failed renewal). Waiters and observers of the
 // lease are told (Observe reports the new data within about a round trip).
 // Data that WithData refuses (not JSON, longer than MaxDataLen, or not
-// storable by jsonb) returns an error wrapping ErrInvalid and writes nothing; a database error leaves the data as it
-// was. Returns Err() if the lease is no longer held. Safe to repeat.
+// storable by jsonb) returns an error wrapping ErrInvalid and writes
+// nothing. After a database error the update may have landed all the same:
+// one whose commit was under way when ctx ended or the connection broke —
+// waiting for a synchronous standby, say — still commits, and Data() keeps
+// the previous value until a later SetData succeeds; Get reads what is
+// stored. Returns Err() if the lease is no longer held. Safe to repeat:
+// after an error, repeat it to know what the grant carries.
 func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 	if l == nil || ctx == nil {
 		return invalid("leases: set data: lease and context must not be nil")

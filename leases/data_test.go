@@ -347,3 +347,68 @@ func TestSetDataRacingOwnRelease(t *testing.T) {
 		t.Errorf("SetData racing Release: %v, want ErrReleased", err)
 	}
 }
+
+// setDataRunning counts the backends in admin's database that run SetData's
+// statement and, if waitEvent is not empty, wait on that event.
+func setDataRunning(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waitEvent string) int {
+	t.Helper()
+	var n int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+  WHERE datname = current_database() AND state = 'active' AND query = $1
+    AND ($2 = '' OR wait_event = $2)`, sqlSetData, waitEvent).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// SetData whose ctx ends while its commit waits for a synchronous standby
+// (scenario: the standby is down): the commit is in doubt. PostgreSQL has
+// written it locally and makes it visible once the wait ends, so the data
+// is replaced although SetData returned an error and Data() still returns
+// the old value — what SetData's documentation says. The next SetData
+// makes the two agree again.
+func TestSetDataCommitInDoubt(t *testing.T) {
+	t.Parallel()
+	url, admin, ctx := standbyDown(t)
+	// One connection, whose commits are local until the test says otherwise.
+	pool := pgtest.PoolFor(t, url+"&synchronous_commit=local", func(cfg *pgxpool.Config) { cfg.MaxConns = 1 })
+	c := newClient(t, pool)
+	l, err := c.TryAcquire(ctx, "in-doubt", time.Minute, WithData(json.RawMessage(`"old"`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SET synchronous_commit = on`); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- l.SetData(sctx, json.RawMessage(`"new"`)) }()
+	pgtest.WaitFor(t, testTimeout, "SetData's commit to wait for the standby", func() bool {
+		return setDataRunning(t, ctx, admin, "SyncRep") > 0
+	})
+	cancel()
+	err = <-done
+	if err == nil {
+		t.Fatal("SetData whose commit waited for a standby that is down returned nil")
+	}
+	t.Logf("SetData cut short in its commit: %v", err)
+	if got := string(l.Data()); got != `"old"` {
+		t.Errorf("Data() after a failed SetData = %s, want the old value", got)
+	}
+	standbyBack(t, ctx, admin)
+	pgtest.WaitFor(t, testTimeout, "SetData's statement to end", func() bool { return setDataRunning(t, ctx, admin, "") == 0 })
+	var stored string
+	if err := admin.QueryRow(ctx, `SELECT metadata::text FROM pgfence.leases WHERE name = 'in-doubt'`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored != `"new"` {
+		t.Errorf("stored data %s after the commit wait ended, want the new value (the update committed locally)", stored)
+	}
+	if err := l.SetData(ctx, json.RawMessage(`"newer"`)); err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Get(ctx, "in-doubt")
+	if err != nil || string(info.Data) != `"newer"` || string(l.Data()) != `"newer"` {
+		t.Errorf("after the next SetData: stored %s, %v; Data() %s; want both \"newer\"", info.Data, err, l.Data())
+	}
+}
