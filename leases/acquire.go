@@ -172,7 +172,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 	case <-ctx.Done():
 		return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
 	case <-c.shutdown.Done():
-		return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
+		return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -191,7 +191,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 			case <-ctx.Done():
 				return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
 			case <-c.shutdown.Done():
-				return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
+				return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
 			}
 			continue
 		}
@@ -219,7 +219,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 		case <-ctx.Done():
 			return nil, fmt.Errorf("leases: acquire %q: %w", name, context.Cause(ctx))
 		case <-c.shutdown.Done():
-			return nil, fmt.Errorf("acquire %q: %w", name, ErrClosed)
+			return nil, fmt.Errorf("leases: acquire %q: %w", name, ErrClosed)
 		}
 	}
 }
@@ -272,7 +272,7 @@ func (c *Client) usable(ctx context.Context) error {
 		return ErrClosed
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("leases: %w", context.Cause(ctx))
+		return prefixed(context.Cause(ctx))
 	}
 	return nil
 }
@@ -323,7 +323,7 @@ func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, star
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer cancel()
 		_, _ = c.releaseBatch(rctx, "release after close", []*Lease{l})
-		return nil, fmt.Errorf("acquire %q: %w", info.Name, err)
+		return nil, fmt.Errorf("leases: acquire %q: %w", info.Name, err)
 	}
 	if c.log.Enabled(ctx, slog.LevelDebug) {
 		c.log.Debug("leases: acquired", "name", info.Name, "owner", info.Owner, "fence", info.Fence, "ttl", ttl)

@@ -218,7 +218,7 @@ func (c *Client) get(ctx context.Context, name string) (Info, time.Duration, err
 	err := c.q.QueryRow(ctx, sqlGet, name).Scan(&info.Name, &info.Owner, &info.Fence,
 		&info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &info.Data, &remainingUS)
 	if errors.Is(err, errNoRows) {
-		return Info{Name: name}, 0, fmt.Errorf("get %q: %w", name, ErrNotHeld)
+		return Info{Name: name}, 0, fmt.Errorf("leases: get %q: %w", name, ErrNotHeld)
 	}
 	if err != nil {
 		return Info{Name: name}, 0, dbError(fmt.Sprintf("get %q", name), err)

@@ -9,6 +9,11 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
+// Every error the package returns reads "leases: ..." (the package's name
+// once, first), also when it wraps another package's (fencing's, from Once
+// and OnceTx) or is the cause of a lease's context; an error that fn
+// returns to Run, Lead, Once or OnceTx is returned as it is. Match them with
+// errors.Is and errors.As, not by their text.
 var (
 	// ErrHeld is returned by TryAcquire when another owner holds the lease.
 	// The error is a *HeldError naming the holder; errors.Is(err, ErrHeld)
@@ -158,6 +163,24 @@ func (e *HeldError) Error() string {
 
 // Is reports whether target is ErrHeld.
 func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// prefixed returns err reading "leases: ..." once: as it is when it does
+// already (the cause of a lease's context, say), else wrapped.
+func prefixed(err error) error {
+	if strings.HasPrefix(err.Error(), "leases: ") {
+		return err
+	}
+	return fmt.Errorf("leases: %w", err)
+}
+
+// within is prefixed, saying what the client was doing (op) when it
+// wraps: an error of package fencing, say.
+func within(op string, err error) error {
+	if strings.HasPrefix(err.Error(), "leases: ") {
+		return err
+	}
+	return fmt.Errorf("leases: %s: %w", op, err)
+}
 
 // dbError wraps an error from PostgreSQL with what the client was doing,
 // adding a hint when the likely cause is known (internal/pgerr).

@@ -61,7 +61,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		c.m.recordRenewal(l.name, renewLost)
-		lost := fmt.Errorf("extend %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		lost := fmt.Errorf("leases: extend %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
 		c.lose(l, lostRenewRejected, lost, false)
 		return l.Err()
 	}
@@ -78,7 +78,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if !time.Now().Before(l.deadline) {
 		// The answer came after the old deadline: the lease is being lost
 		// (its deadline is due); the new grant does not revive it.
-		return fmt.Errorf("extend %q: the answer arrived after the local deadline: %w", l.name, ErrLost)
+		return fmt.Errorf("leases: extend %q: the answer arrived after the local deadline: %w", l.name, ErrLost)
 	}
 	// renewMu makes this the newest renewal of the grant: its deadline
 	// holds, later or sooner.

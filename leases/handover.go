@@ -28,7 +28,7 @@ func (c *Client) handoverLocked(l *Lease) {
 		return
 	}
 	l.handover = true
-	l.cancel(fmt.Errorf("lease %q (fence %d): %w", l.name, l.fence, ErrHandover))
+	l.cancel(fmt.Errorf("leases: lease %q (fence %d): %w", l.name, l.fence, ErrHandover))
 	c.log.Info("leases: hand-over requested; stepping down", "name", l.name, "owner", l.owner, "fence", l.fence)
 }
 
@@ -90,7 +90,7 @@ func (c *Client) requestHandover(ctx context.Context, name string, timeout time.
 	}
 	switch {
 	case c.isClosed():
-		return asked, fmt.Errorf("hand-over of %q: %w", name, ErrClosed)
+		return asked, fmt.Errorf("leases: hand-over of %q: %w", name, ErrClosed)
 	case ctx.Err() != nil:
 		return asked, fmt.Errorf("leases: hand-over of %q: wait cut short after %s, with %q (fence %d) still holding it: %w",
 			name, time.Since(begin).Round(time.Millisecond), asked.Owner, asked.Fence, context.Cause(ctx))

@@ -48,7 +48,7 @@ func (c *Client) register(l *Lease, start time.Time) error {
 	}
 	c.mu.Unlock()
 	if old != nil && old != l {
-		c.lose(old, lostForceReleased, fmt.Errorf("lease %q (fence %d): granted again (fence %d), so its grant is over: %w",
+		c.lose(old, lostForceReleased, fmt.Errorf("leases: lease %q (fence %d): granted again (fence %d), so its grant is over: %w",
 			old.name, old.fence, l.fence, ErrLost), false)
 	}
 	return nil
@@ -117,7 +117,7 @@ func (c *Client) onDeadline(l *Lease) {
 	if stale {
 		return
 	}
-	c.lose(l, lostDeadline, fmt.Errorf("lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
+	c.lose(l, lostDeadline, fmt.Errorf("leases: lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
 		l.name, l.fence, ttl, margin(ttl), ErrLost), true)
 }
 
@@ -405,7 +405,7 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	c.endBatchLocked()
 	c.mu.Unlock()
 	for _, l := range lost {
-		c.lose(l, why, fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
+		c.lose(l, why, fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
 	}
 	return again
 }

@@ -183,7 +183,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
-		lost := fmt.Errorf("renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		lost := fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
 		l.c.lose(l, lostRenewRejected, lost, false)
 		return l.Err() // lost, or released meanwhile
 	}
@@ -272,7 +272,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	case err == nil && live == nil:
 		c.setState(l, stateReleased)
-		err = fmt.Errorf("release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
+		err = fmt.Errorf("leases: release %q: grant (fence %d) was already gone: %w", l.name, l.fence, ErrLost)
 		c.releasedLost(l, end, err)
 		return err
 	case err != nil:
@@ -283,7 +283,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	c.setState(l, stateReleased)
 	if !*live {
-		err = fmt.Errorf("release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
+		err = fmt.Errorf("leases: release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
 		if wasHeld {
 			c.releasedLost(l, end, err)
 		}

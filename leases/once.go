@@ -123,7 +123,10 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 				return err
 			}, c.fenced...)
 		}
-		return recorded && err == nil, err
+		if err != nil {
+			return false, within(fmt.Sprintf("once %q: record period %q", name, period), err)
+		}
+		return recorded, nil
 	})
 }
 
@@ -151,6 +154,7 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 		return false, invalid("leases: OnceTx needs a pgx pool (New); over database/sql use Once, or fencing.InDBTx")
 	}
 	return c.once(ctx, name, period, ttl, opts, func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
+		var fnErr error
 		err := fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
 			recorded, err := MarkDone(ctx, tx, name, period)
 			switch {
@@ -162,10 +166,14 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 			if err := l.HoldAtLeast(cfg.atLeast); err != nil {
 				return err
 			}
-			return fn(ctx, tx, l)
+			fnErr = fn(ctx, tx, l)
+			return fnErr
 		}, c.fenced...)
-		if errors.Is(err, errAlreadyDone) {
+		switch {
+		case errors.Is(err, errAlreadyDone):
 			return false, nil
+		case err != nil && fnErr == nil: // the fenced transaction's, not fn's
+			return false, within(fmt.Sprintf("once %q: period %q", name, period), err)
 		}
 		return err == nil, err
 	})
