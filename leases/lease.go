@@ -40,6 +40,12 @@ type Lease struct {
 	sem    string // the semaphore whose slot this grant is; "" for a lease
 	slot   int    // the slot's number, from 1; 0 for a lease
 
+	// releaseTurn, buffered 1, serialises Release calls: a second call
+	// waits for the first's statement and then sees its outcome, rather
+	// than racing it to the server, where the loser would find the grant
+	// already ended and report it lost.
+	releaseTurn chan struct{}
+
 	// renewMu serialises the statements that renew this grant (Renew,
 	// Extend, the keepalive's batch), so that the local deadline always
 	// follows the request PostgreSQL applied last. The keepalive only
@@ -208,11 +214,27 @@ func (l *Lease) Renew(ctx context.Context) error {
 // lost (its work may not have been exclusive); another error when
 // PostgreSQL could not be reached — the lease is released locally anyway
 // and its row expires after the TTL; calling Release again retries. ctx bounds the statement.
+// Concurrent calls take turns: a call made while another runs waits for it
+// (as long as ctx allows) and then returns nil if that one ended the grant.
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil || ctx == nil {
 		return invalid("leases: release: lease and context must not be nil")
 	}
 	c := l.c
+	// Another Release of l in flight ends the hold first (its Context is
+	// cancelled already); this one waits for its outcome.
+	// A ctx already ended still releases locally: the turn is tried
+	// first, not raced against ctx.
+	select {
+	case l.releaseTurn <- struct{}{}:
+	default:
+		select {
+		case l.releaseTurn <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("leases: release %q: %w", l.name, context.Cause(ctx))
+		}
+	}
+	defer func() { <-l.releaseTurn }()
 	c.mu.Lock()
 	wasHeld := l.state == stateHeld
 	switch l.state {
