@@ -214,7 +214,9 @@ func (c *Client) tick(buf *renewBuf) (again bool) {
 	}()
 
 	if len(due) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), buf.timeout(len(due), minTTL, earliest.Sub(now)))
+		// Under the shutdown: Close does not wait for a renewal that the
+		// server does not answer (it ends every lease anyway).
+		ctx, cancel := context.WithTimeout(c.shutdown, buf.timeout(len(due), minTTL, earliest.Sub(now)))
 		again = c.renewBatchBuf(ctx, due, lostRenewRejected, buf) || again
 		cancel()
 	}
@@ -353,6 +355,9 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	}
 	reqStart := time.Now()
 	failed := func(err error) bool {
+		if c.isClosed() {
+			return false // cut short by Close, which ends the leases
+		}
 		for _, r := range rs {
 			c.m.recordRenewal(r.l.name, renewError)
 		}
