@@ -141,12 +141,39 @@ func (c *Client) take(ctx context.Context, name string, ttl time.Duration, opts 
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
+	actx, leave, err := c.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	start := time.Now()
-	sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
+	sctx, span := c.tr.Start(actx, spanAcquire, name, 0)
 	l, err := attempt(sctx, ac)
 	span.End(fenceOf(l), err)
 	c.m.recordAcquire(ctx, name, try, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
+}
+
+// enter begins a grant call, which Close cuts short and waits for: it
+// returns ctx, also ended (cause ErrClosed) when Close begins, and leave,
+// to call when the call is done — its grant settled (settle.go), and, if
+// it committed, kept as a Lease or ended again. It fails with ErrClosed
+// if Close has begun.
+func (c *Client) enter(ctx context.Context) (context.Context, func(), error) {
+	c.mu.Lock()
+	if c.isClosed() {
+		c.mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(c.shutdown, func() { cancel(ErrClosed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+		c.wg.Done()
+	}, nil
 }
 
 // acquire is Acquire after validation.

@@ -94,8 +94,13 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (*Lease, err
 	if err := c.checkTTL(ctx, ttl); err != nil {
 		return nil, err
 	}
+	actx, leave, err := c.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	start := time.Now()
-	l, err := c.await(ctx, s.name, false, func(ctx context.Context) (*Lease, Info, time.Duration, error) {
+	l, err := c.await(actx, s.name, false, func(ctx context.Context) (*Lease, Info, time.Duration, error) {
 		return s.grant(ctx, ttl)
 	})
 	c.m.recordAcquire(ctx, s.name, false, acquireOutcomeOf(ctx, l, err), start)
@@ -114,8 +119,13 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 	if err := c.checkTTL(ctx, ttl); err != nil {
 		return nil, err
 	}
+	actx, leave, err := c.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	start := time.Now()
-	l, holder, _, err := s.grant(ctx, ttl)
+	l, holder, _, err := s.grant(actx, ttl)
 	if err == nil && l == nil {
 		err = &HeldError{Holder: holder}
 	}

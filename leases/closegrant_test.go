@@ -1,0 +1,81 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// Close cuts short a grant in flight, as the end of its caller's context
+// would (settle.go), and waits for it: when Close returns, the grant is
+// over (cancelled, or committed and ended again), its connection is back
+// in the pool, and the call returns ErrClosed. Before, Close returned at
+// once while the grant's statement ran on: a connection still acquired,
+// and a grant that might commit after Close, held until its TTL if the
+// caller's process ended meanwhile. PostgreSQL is made slow: a row trigger
+// on pgfence.leases sleeps until the test lets it go.
+func TestCloseCutsShortGrantInFlight(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testContext(t)
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE public.stall (on_ boolean NOT NULL);
+		INSERT INTO public.stall VALUES (false);
+		CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS
+			$$BEGIN
+				WHILE (SELECT on_ FROM public.stall) LOOP PERFORM pg_sleep(0.05); END LOOP;
+				RETURN NEW;
+			END$$;
+		CREATE TRIGGER stall BEFORE INSERT OR UPDATE ON pgfence.leases
+			FOR EACH ROW EXECUTE FUNCTION public.stall()`); err != nil {
+		t.Fatal(err)
+	}
+	stall := func(on bool) {
+		if _, err := pool.Exec(context.Background(), `UPDATE public.stall SET on_ = $1`, on); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, tk := range takes {
+		t.Run(tk.name, func(t *testing.T) {
+			c, err := New(pool, WithReleaseTimeout(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stall(true)
+			done := make(chan taken, 1)
+			go func() {
+				l, err := tk.take(ctx, c)
+				done <- taken{l, err}
+			}()
+			pgtest.WaitFor(t, testTimeout, "the grant to stall", func() bool {
+				return grantRunning(t, ctx, pool, "PgSleep") > 0
+			})
+			start := time.Now()
+			if err := c.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			// Close sends a cancel request and waits for its answer, up
+			// to the release timeout (1s); 10s leaves room for a loaded
+			// machine.
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("Close took %v, want about a round trip", took)
+			}
+			if n := pgtest.Acquired(pool); n != 0 {
+				t.Errorf("after Close: %d connections still acquired (the grant's)", n)
+			}
+			stall(false) // let a grant that Close left running end
+			var r taken
+			select {
+			case r = <-done:
+			case <-ctx.Done():
+				t.Fatal("the grant did not return")
+			}
+			if r.l != nil || !errors.Is(r.err, ErrClosed) {
+				t.Errorf("%s cut short by Close: lease %v, error %v; want ErrClosed", tk.name, r.l, r.err)
+			}
+		})
+	}
+}
