@@ -159,6 +159,48 @@ func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn, lost context
 	return nil
 }
 
+// interestCheck is how often the listener checks that the interest
+// connection is still open. Nothing else reads it: without the check, a
+// backend that ends while the client waits (pg_terminate_backend,
+// idle_session_timeout) would drop every wait key unnoticed, releases
+// would stop notifying, and waiters would sleep until their poll.
+const interestCheck = time.Second
+
+// watchInterest checks, every interestCheck until ctx ends, that conn,
+// the interest connection, has not been closed by its server, and ends
+// the listener (lost) if it has. A check reads the connection with a
+// deadline already due, under c.imu: a message of a backend that ended
+// (the FATAL error, end of file) is there at once, so the check costs no
+// round trip.
+func (c *Client) watchInterest(ctx context.Context, conn *pgx.Conn, lost context.CancelCauseFunc) {
+	t := time.NewTicker(interestCheck)
+	defer t.Stop()
+	nc := conn.PgConn().Conn()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.imu.Lock()
+		if c.in.conn != conn {
+			c.imu.Unlock()
+			return
+		}
+		// A deadline of its own rather than a context: a pool that
+		// cancels with a cancel request would send one per check.
+		_ = nc.SetReadDeadline(time.Now().Add(time.Millisecond))
+		_ = conn.PgConn().WaitForNotification(context.Background())
+		_ = nc.SetReadDeadline(time.Time{})
+		closed := conn.IsClosed()
+		c.imu.Unlock()
+		if closed {
+			lost(errInterestLost)
+			return
+		}
+	}
+}
+
 // stopInterest forgets the interest connection; its owner closes it, which
 // drops every wait key.
 func (c *Client) stopInterest() {

@@ -161,6 +161,12 @@ func (c *Client) listenOnce(ctx context.Context) error {
 		return err
 	}
 	defer c.stopInterest()
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		c.watchInterest(wctx, iconn, lost)
+	}()
+	defer func() { lost(nil); <-watched }() // before stopInterest
 	c.setListening(true)
 	c.wakeAll()
 	for {
