@@ -147,7 +147,11 @@ func (c *Client) start() {
 // TTL, and a grant whose row another transaction keeps locked — an open
 // REPEATABLE READ fenced transaction — is waited for apart from the
 // others, so that it does not keep theirs), observers' channels close, and
-// the keepalive and listener goroutines exit. Close blocks until they have.
+// the keepalive and listener goroutines exit, and a grant in flight
+// (Acquire, TryAcquire, a semaphore's) is cut short as the end of its
+// context would, its call returning ErrClosed — unless its context never
+// ends: that one runs until the server answers, and is ended then if it
+// committed. Close blocks until they have.
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
 func (c *Client) Close() error {

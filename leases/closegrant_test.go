@@ -78,4 +78,45 @@ func TestCloseCutsShortGrantInFlight(t *testing.T) {
 			}
 		})
 	}
+	// Under a context that never ends, the grant keeps its fast path:
+	// Close does not wait for it, and the grant, committed once the server
+	// answers, is ended and the call returns ErrClosed.
+	t.Run("TryAcquire under context.Background", func(t *testing.T) {
+		c, err := New(pool, WithReleaseTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stall(true)
+		done := make(chan taken, 1)
+		go func() {
+			l, err := c.TryAcquire(context.Background(), "background", time.Minute)
+			done <- taken{l, err}
+		}()
+		pgtest.WaitFor(t, testTimeout, "the grant to stall", func() bool {
+			return grantRunning(t, ctx, pool, "PgSleep") > 0
+		})
+		if err := c.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if n := grantRunning(t, ctx, pool, "PgSleep"); n == 0 {
+			t.Errorf("the grant under context.Background stopped at Close; want it left to run")
+		}
+		stall(false)
+		var r taken
+		select {
+		case r = <-done:
+		case <-ctx.Done():
+			t.Fatal("the grant did not return")
+		}
+		if r.l != nil || !errors.Is(r.err, ErrClosed) {
+			t.Errorf("grant committed after Close: lease %v, error %v; want ErrClosed", r.l, r.err)
+		}
+		var live bool
+		if err := pool.QueryRow(ctx, `SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'background'`).Scan(&live); err != nil || live {
+			t.Errorf("lease row after the grant was ended: live %v, %v; want it ended", live, err)
+		}
+		if n := pgtest.Acquired(pool); n != 0 {
+			t.Errorf("%d connections still acquired", n)
+		}
+	})
 }
