@@ -166,15 +166,20 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 		return backend, true, ctx.Err()
 	}
 	pid, err = granted, stmtErr
-	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
+	byDeadline := timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable
+	if byDeadline {
 		<-ctx.Done() // the server's deadline is ctx's (see wait)
 	}
-	if !stop() {
+	switch {
+	case !stop():
 		<-cleaned
-		l.discard(sc, label, backend, "wait abandoned")
-		return backend, true, err
+	case !byDeadline:
+		return pid, false, err
 	}
-	return pid, false, err
+	// Abandoned, also when stop won the race with ctx's AfterFunc after
+	// the deadline (see wait).
+	l.discard(sc, label, backend, "wait abandoned")
+	return backend, true, err
 }
 
 // discard closes sc's driver connection, and so its server session, which

@@ -84,7 +84,8 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 		err = conn.QueryRow(context.WithoutCancel(ctx), sql, arg, timeout).Scan(&pid, nil)
 	}
 	close(finished)
-	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
+	byDeadline := timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable
+	if byDeadline {
 		// The server ended the wait at the deadline it was given (of
 		// several keys, each wait may last that long: later, never
 		// earlier); this process's timer for the same deadline may fire
@@ -96,7 +97,11 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 		<-cleaned
 		return pid, true, err
 	}
-	return pid, false, err
+	// A context closes Done before it starts its AfterFunc callbacks, so
+	// stop may still win after <-ctx.Done() above: the wait ended by the
+	// deadline all the same, and the caller must report ctx's error, not
+	// the server's lock timeout.
+	return pid, byDeadline, err
 }
 
 // lockStatement returns the blocking acquire of keys and its first
