@@ -218,7 +218,8 @@ var ExecModes = []pgx.QueryExecMode{
 // PoolFor opens a pool over databaseURL, adjusted by opts (pool size, a
 // proxy's address, a tracer), and pings it. When t ends it fails t if a
 // connection is still acquired — whatever the test called must have given
-// its connection back — and closes the pool.
+// its connection back — and closes the pool (without waiting for the
+// connections still acquired, which Close would wait for).
 func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(databaseURL)
@@ -239,10 +240,16 @@ func PoolFor(t testing.TB, databaseURL string, opts ...func(*pgxpool.Config)) *p
 		t.Fatalf("pgtest: ping: %v", redact.ErrorFor(err, databaseURL))
 	}
 	t.Cleanup(func() {
-		defer pool.Close()
 		if n := Acquired(pool); n != 0 {
 			t.Errorf("pgtest: %d connections still acquired from the pool at the end of the test", n)
+			// Close waits until every acquired connection is given back:
+			// a test that failed while holding one (a lock it took before
+			// t.Fatal) would hang here until go test's timeout, which
+			// prints no test's log, instead of failing with its message.
+			go pool.Close()
+			return
 		}
+		pool.Close()
 	})
 	return pool
 }
