@@ -189,12 +189,16 @@ func TestRunReportsLoss(t *testing.T) {
 	a, b := cs[0], cs[1]
 	ctx := testContext(t)
 	var cause error
-	err := a.Run(ctx, "run", time.Second, func(ctx context.Context, l *Lease) error {
+	// The force-release runs under the test's context, not fn's: a's
+	// client ends fn's context as soon as it hears of the loss (the
+	// release's notification, or a renewal), which may be before b has
+	// read the answer to its own statement.
+	err := a.Run(ctx, "run", time.Second, func(fctx context.Context, l *Lease) error {
 		if err := b.ForceRelease(ctx, "run"); err != nil {
 			t.Errorf("ForceRelease: %v", err)
 		}
-		<-ctx.Done()
-		cause = context.Cause(ctx)
+		<-fctx.Done()
+		cause = context.Cause(fctx)
 		return nil
 	})
 	if !errors.Is(err, ErrLost) || !errors.Is(cause, ErrLost) {
