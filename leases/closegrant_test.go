@@ -38,21 +38,27 @@ func TestCloseCutsShortGrantInFlight(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	// stalled starts take on a new client, under ctx, and returns the
+	// client and the call's outcome once the grant stalls.
+	stalled := func(t *testing.T, ctx context.Context, take func(context.Context, *Client) (*Lease, error)) (*Client, <-chan taken) {
+		c, err := New(pool, WithReleaseTimeout(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stall(true)
+		done := make(chan taken, 1)
+		go func() {
+			l, err := take(ctx, c)
+			done <- taken{l, err}
+		}()
+		pgtest.WaitFor(t, testTimeout, "the grant to stall", func() bool {
+			return grantRunning(t, ctx, pool, "PgSleep") > 0
+		})
+		return c, done
+	}
 	for _, tk := range takes {
 		t.Run(tk.name, func(t *testing.T) {
-			c, err := New(pool, WithReleaseTimeout(time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			stall(true)
-			done := make(chan taken, 1)
-			go func() {
-				l, err := tk.take(ctx, c)
-				done <- taken{l, err}
-			}()
-			pgtest.WaitFor(t, testTimeout, "the grant to stall", func() bool {
-				return grantRunning(t, ctx, pool, "PgSleep") > 0
-			})
+			c, done := stalled(t, ctx, tk.take)
 			start := time.Now()
 			if err := c.Close(); err != nil {
 				t.Errorf("Close: %v", err)
@@ -82,18 +88,8 @@ func TestCloseCutsShortGrantInFlight(t *testing.T) {
 	// Close does not wait for it, and the grant, committed once the server
 	// answers, is ended and the call returns ErrClosed.
 	t.Run("TryAcquire under context.Background", func(t *testing.T) {
-		c, err := New(pool, WithReleaseTimeout(time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		stall(true)
-		done := make(chan taken, 1)
-		go func() {
-			l, err := c.TryAcquire(context.Background(), "background", time.Minute)
-			done <- taken{l, err}
-		}()
-		pgtest.WaitFor(t, testTimeout, "the grant to stall", func() bool {
-			return grantRunning(t, ctx, pool, "PgSleep") > 0
+		c, done := stalled(t, context.Background(), func(ctx context.Context, c *Client) (*Lease, error) {
+			return c.TryAcquire(ctx, "background", time.Minute)
 		})
 		if err := c.Close(); err != nil {
 			t.Errorf("Close: %v", err)
