@@ -388,17 +388,16 @@ func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, star
 func (c *Client) newLease(info Info, ttl time.Duration, since time.Time) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Lease{
-		c:           c,
-		name:        info.Name,
-		owner:       info.Owner,
-		fence:       info.Fence,
-		ttl:         ttl,
-		since:       since,
-		releaseTurn: make(chan struct{}, 1),
-		ctx:         ctx,
-		cancel:      cancel,
-		acquiredAt:  info.AcquiredAt,
-		expiresAt:   info.ExpiresAt,
+		c:          c,
+		name:       info.Name,
+		owner:      info.Owner,
+		fence:      info.Fence,
+		ttl:        ttl,
+		since:      since,
+		ctx:        ctx,
+		cancel:     cancel,
+		acquiredAt: info.AcquiredAt,
+		expiresAt:  info.ExpiresAt,
 	}
 }
 

@@ -43,7 +43,8 @@ type Lease struct {
 	// releaseTurn, buffered 1, serialises Release calls: a second call
 	// waits for the first's statement and then sees its outcome, rather
 	// than racing it to the server, where the loser would find the grant
-	// already ended and report it lost.
+	// already ended and report it lost. Made by the first Release (turn),
+	// so that a held lease does not carry it; guarded by c.mu.
 	releaseTurn chan struct{}
 
 	// renewMu serialises the statements that renew this grant (Renew,
@@ -207,6 +208,16 @@ func (l *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
+// turn returns l's release turn (releaseTurn), made at the first call.
+func (l *Lease) turn() chan struct{} {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	if l.releaseTurn == nil {
+		l.releaseTurn = make(chan struct{}, 1)
+	}
+	return l.releaseTurn
+}
+
 // Release gives the lease up: it cancels Context with cause ErrReleased
 // first, then expires the grant and notifies waiters in one statement.
 // It returns nil when the grant was ended while live, or when an earlier
@@ -225,16 +236,17 @@ func (l *Lease) Release(ctx context.Context) error {
 	// cancelled already); this one waits for its outcome.
 	// A ctx already ended still releases locally: the turn is tried
 	// first, not raced against ctx.
+	turn := l.turn()
 	select {
-	case l.releaseTurn <- struct{}{}:
+	case turn <- struct{}{}:
 	default:
 		select {
-		case l.releaseTurn <- struct{}{}:
+		case turn <- struct{}{}:
 		case <-ctx.Done():
 			return fmt.Errorf("leases: release %q: %w", l.name, context.Cause(ctx))
 		}
 	}
-	defer func() { <-l.releaseTurn }()
+	defer func() { <-turn }()
 	c.mu.Lock()
 	wasHeld := l.state == stateHeld
 	switch l.state {
