@@ -118,9 +118,7 @@ func (c *Client) wakeQueue(key string) {
 // returns an error naming the setting and writes nothing. opts configure
 // the grant (WithData). If ctx ends while an attempt's statement runs, the
 // attempt is cancelled and its answer awaited (package doc, "Failure
-// handling"): the lease is returned if the grant committed first. A grant
-// answered only at or after its local deadline (a stalled server) is
-// ended, not returned: the error wraps ErrLost.
+// handling"): the lease is returned if the grant committed first.
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
 	return c.take(ctx, name, ttl, opts, false, func(ctx context.Context, ac acquireConfig) (*Lease, error) {
 		return c.acquire(ctx, name, ttl, ac)
@@ -270,8 +268,6 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 // "Failure handling"), so that an error leaves nothing held. Bad input
 // returns an error naming the setting and writes nothing. opts configure
 // the grant (WithData); the HeldError's Holder carries the holder's data.
-// A grant answered only at or after its local deadline is ended, not
-// returned: the error wraps ErrLost.
 //
 // Taking over a grant that has expired waits for its holder's open fenced
 // transactions to end (the fence lock, in package fencing: their writes
@@ -355,29 +351,16 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac a
 
 // granted keeps alive the grant info of ttl, whose request began at start,
 // as a Lease: of slot slot of semaphore sem, if sem is not empty. If Close
-// has begun, it ends the grant and fails with ErrClosed. If the answer
-// came at or after the grant's local deadline (start + TTL − margin), the
-// grant may have expired by the database clock, and another owner may
-// hold the lease: it ends the grant too, and fails with ErrLost.
+// has begun, it ends the grant and fails with ErrClosed.
 func (c *Client) granted(ctx context.Context, info Info, ttl time.Duration, start time.Time, sem string, slot int, data json.RawMessage) (*Lease, error) {
-	now := time.Now()
-	l := c.newLease(info, ttl, now)
+	l := c.newLease(info, ttl, time.Now())
 	l.sem, l.slot, l.data = sem, slot, data
-	var err error
-	if deadline := start.Add(ttl - margin(ttl)); !now.Before(deadline) {
-		err = fmt.Errorf("leases: acquire %q: granted (fence %d) only after its local deadline: the answer took %s, TTL %s − margin %s: %w",
-			info.Name, info.Fence, now.Sub(start).Round(time.Millisecond), ttl, margin(ttl), ErrLost)
-		l.cancel(err)
-		c.log.Warn("leases: a grant answered after its local deadline is ended", "name", info.Name, "owner", info.Owner, "fence", info.Fence, "took", now.Sub(start))
-	} else if rerr := c.register(l, start); rerr != nil {
-		err = fmt.Errorf("leases: acquire %q: %w", info.Name, rerr)
+	if err := c.register(l, start); err != nil {
 		l.cancel(fmt.Errorf("%w: %w", ErrReleased, ErrClosed))
-	}
-	if err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer cancel()
-		_, _ = c.releaseBatch(rctx, "release an untrusted grant", []*Lease{l})
-		return nil, err
+		_, _ = c.releaseBatch(rctx, "release after close", []*Lease{l})
+		return nil, fmt.Errorf("leases: acquire %q: %w", info.Name, err)
 	}
 	if c.log.Enabled(ctx, slog.LevelDebug) {
 		c.log.Debug("leases: acquired", "name", info.Name, "owner", info.Owner, "fence", info.Fence, "ttl", ttl)
