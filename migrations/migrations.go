@@ -198,7 +198,7 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 		if err := b.create(ctx, conn); err != nil {
 			return err
 		}
-		cur, dirty, err := b.version(ctx, conn)
+		cur, dirty, err := b.read(ctx, conn) // create made sure it exists
 		if err != nil {
 			return err
 		}
@@ -433,12 +433,9 @@ func (b bookkeeping) unlock(conn *pgx.Conn) {
 
 // create creates the bookkeeping table if it does not exist.
 func (b bookkeeping) create(ctx context.Context, conn *pgx.Conn) error {
-	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, b.table).Scan(&exists); err != nil {
-		return fmt.Errorf("look for %s: %w", b.table, err)
-	}
-	if exists {
-		return nil
+	exists, err := b.exists(ctx, conn)
+	if err != nil || exists {
+		return err
 	}
 	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+b.table+` (version bigint not null primary key, dirty boolean not null)`); err != nil {
 		return fmt.Errorf("create %s: %w", b.table, err)
@@ -446,14 +443,27 @@ func (b bookkeeping) create(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-func (b bookkeeping) version(ctx context.Context, conn *pgx.Conn) (uint, bool, error) {
+// exists reports whether the bookkeeping table exists.
+func (b bookkeeping) exists(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, b.table).Scan(&exists); err != nil {
-		return 0, false, fmt.Errorf("look for %s: %w", b.table, err)
+	if err := conn.QueryRow(ctx, `SELECT pg_catalog.to_regclass($1) IS NOT NULL`, b.table).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for %s: %w", b.table, err)
 	}
-	if !exists {
-		return 0, false, nil
+	return exists, nil
+}
+
+// version reads the recorded version and whether it is dirty: 0, clean,
+// when the bookkeeping table does not exist.
+func (b bookkeeping) version(ctx context.Context, conn *pgx.Conn) (uint, bool, error) {
+	exists, err := b.exists(ctx, conn)
+	if err != nil || !exists {
+		return 0, false, err
 	}
+	return b.read(ctx, conn)
+}
+
+// read is version for a bookkeeping table that exists.
+func (b bookkeeping) read(ctx context.Context, conn *pgx.Conn) (uint, bool, error) {
 	var v int64
 	var dirty bool
 	err := conn.QueryRow(ctx, `SELECT version, dirty FROM `+b.table+` LIMIT 1`).Scan(&v, &dirty)
