@@ -139,15 +139,24 @@ func (c *Client) take(ctx context.Context, name string, ttl time.Duration, opts 
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
+	return c.grantCall(ctx, name, try, func(ctx context.Context) (*Lease, error) {
+		sctx, span := c.tr.Start(ctx, spanAcquire, name, 0)
+		l, err := attempt(sctx, ac)
+		span.End(fenceOf(l), err)
+		return l, err
+	})
+}
+
+// grantCall runs attempt, a grant call of lease or semaphore name, inside
+// enter (Close cuts it short and waits for it), and records its outcome.
+func (c *Client) grantCall(ctx context.Context, name string, try bool, attempt func(ctx context.Context) (*Lease, error)) (*Lease, error) {
 	actx, leave, err := c.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer leave()
 	start := time.Now()
-	sctx, span := c.tr.Start(actx, spanAcquire, name, 0)
-	l, err := attempt(sctx, ac)
-	span.End(fenceOf(l), err)
+	l, err := attempt(actx)
 	c.m.recordAcquire(ctx, name, try, acquireOutcomeOf(ctx, l, err), start)
 	return l, err
 }

@@ -94,17 +94,11 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (*Lease, err
 	if err := c.checkTTL(ctx, ttl); err != nil {
 		return nil, err
 	}
-	actx, leave, err := c.enter(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	start := time.Now()
-	l, err := c.await(actx, s.name, false, func(ctx context.Context) (*Lease, Info, time.Duration, error) {
-		return s.grant(ctx, ttl)
+	return c.grantCall(ctx, s.name, false, func(ctx context.Context) (*Lease, error) {
+		return c.await(ctx, s.name, false, func(ctx context.Context) (*Lease, Info, time.Duration, error) {
+			return s.grant(ctx, ttl)
+		})
 	})
-	c.m.recordAcquire(ctx, s.name, false, acquireOutcomeOf(ctx, l, err), start)
-	return l, err
 }
 
 // TryAcquire takes a free slot for ttl, in one statement, if there is one.
@@ -119,18 +113,13 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 	if err := c.checkTTL(ctx, ttl); err != nil {
 		return nil, err
 	}
-	actx, leave, err := c.enter(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	start := time.Now()
-	l, holder, _, err := s.grant(actx, ttl)
-	if err == nil && l == nil {
-		err = &HeldError{Holder: holder}
-	}
-	c.m.recordAcquire(ctx, s.name, true, acquireOutcomeOf(ctx, l, err), start)
-	return l, err
+	return c.grantCall(ctx, s.name, true, func(ctx context.Context) (*Lease, error) {
+		l, holder, _, err := s.grant(ctx, ttl)
+		if err == nil && l == nil {
+			err = &HeldError{Holder: holder}
+		}
+		return l, err
+	})
 }
 
 // Run takes a slot (waiting, like Acquire), runs fn under it and releases
