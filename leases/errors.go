@@ -166,18 +166,16 @@ func (e *HeldError) Is(target error) bool { return target == ErrHeld }
 
 // prefixed returns err reading "leases: ..." once: as it is when it does
 // already (the cause of a lease's context, say), else wrapped.
-func prefixed(err error) error {
-	if strings.HasPrefix(err.Error(), "leases: ") {
-		return err
-	}
-	return fmt.Errorf("leases: %w", err)
-}
+func prefixed(err error) error { return within("", err) }
 
-// within is prefixed, saying what the client was doing (op) when it
-// wraps: an error of package fencing, say.
+// within is prefixed, saying what the client was doing (op, if not empty)
+// when it wraps: an error of package fencing, say.
 func within(op string, err error) error {
-	if strings.HasPrefix(err.Error(), "leases: ") {
+	switch {
+	case strings.HasPrefix(err.Error(), "leases: "):
 		return err
+	case op == "":
+		return fmt.Errorf("leases: %w", err)
 	}
 	return fmt.Errorf("leases: %s: %w", op, err)
 }
