@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -119,19 +120,8 @@ func storable(data []byte) error {
 // hex4 is the value of the four hexadecimal digits that b starts with,
 // as encoding/json has checked them.
 func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		default:
-			c -= 'A' - 10
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
+	v, _ := strconv.ParseUint(string(b[:4]), 16, 16)
+	return rune(v)
 }
 
 // dataArg is data as a statement parameter: NULL for none.
