@@ -173,7 +173,7 @@ func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 		return dbError(fmt.Sprintf("set data of %q", l.name), err)
 	}
 	if ok == nil {
-		lost := fmt.Errorf("leases: set data of %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		lost := l.goneErr("set data of")
 		l.c.lose(l, lostRenewRejected, lost, false)
 		return l.Err() // lost, or released meanwhile
 	}

@@ -61,7 +61,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		c.m.recordRenewal(l.name, renewLost)
-		lost := fmt.Errorf("leases: extend %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		lost := l.goneErr("extend")
 		c.lose(l, lostRenewRejected, lost, false)
 		return l.Err()
 	}

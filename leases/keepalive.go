@@ -410,7 +410,7 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	c.endBatchLocked()
 	c.mu.Unlock()
 	for _, l := range lost {
-		c.lose(l, why, fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost), false)
+		c.lose(l, why, l.goneErr("renew"), false)
 	}
 	return again
 }

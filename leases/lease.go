@@ -190,7 +190,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	span.End(0, err)
 	if err == nil && expiresAt == nil {
 		l.c.m.recordRenewal(l.name, renewLost)
-		lost := fmt.Errorf("leases: renew %q: grant (fence %d) expired, force-released or taken over: %w", l.name, l.fence, ErrLost)
+		lost := l.goneErr("renew")
 		l.c.lose(l, lostRenewRejected, lost, false)
 		return l.Err() // lost, or released meanwhile
 	}
@@ -206,6 +206,12 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	l.c.renewedLocked(l, start, *expiresAt)
 	return nil
+}
+
+// goneErr is the loss of l found by op (renew, extend, set data of): the
+// server matched no live grant of (name, owner, fence).
+func (l *Lease) goneErr(op string) error {
+	return fmt.Errorf("leases: %s %q: grant (fence %d) expired, force-released or taken over: %w", op, l.name, l.fence, ErrLost)
 }
 
 // turn returns l's release turn (releaseTurn), made at the first call.
