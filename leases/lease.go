@@ -114,9 +114,10 @@ func (l *Lease) ExpiresAt() time.Time {
 // gone, and on Release or Close. The cause (context.Cause) wraps ErrLost or
 // ErrReleased — or ErrHandover when an operator asked for a hand-over: then
 // the lease is still held and renewed until Release, so stop the work and
-// release it (the cause stays ErrHandover; Err says how the hold ended). Do the lease's work under this context and check it before
-// every externally visible effect; it is not derived from the context
-// passed to Acquire.
+// release it (the cause stays ErrHandover; Err says how the hold ended).
+// Do the lease's work under this context and check it before every
+// externally visible effect; it is not derived from the context passed to
+// Acquire.
 func (l *Lease) Context() context.Context { return l.ctx }
 
 // Done is closed when the lease is no longer safely held

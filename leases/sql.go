@@ -62,7 +62,8 @@ const (
   FROM pgfence.release_many($1, $2, CASE WHEN set_config('lock_timeout', $4, true) IS NOT NULL THEN $3::bigint[] END)`
 
 	// sqlForceRelease expires whatever grant a lease has, waiting at most
-	// $2 ms for the lease's fence lock and row. Fully durable: an operator acts on its answer.
+	// $2 ms for the lease's fence lock and row. Fully durable: an operator
+	// acts on its answer.
 	sqlForceRelease = `SELECT pgfence.force_release($1, $2)`
 
 	// sqlBackends is the head of the queries that describe backends, as
