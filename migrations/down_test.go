@@ -47,6 +47,10 @@ func TestRefusedDownChangesNothing(t *testing.T) {
 	if !errors.Is(err, migrations.ErrDownRefused) || !strings.Contains(err.Error(), "app_leases") {
 		t.Errorf("Down: %v; want ErrDownRefused naming the dependent view", err)
 	}
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM app_leases").Scan(&n); err != nil {
+		t.Fatalf("application view gone after a refused Down: %v", err)
+	}
 	assertUntouched(t, u, conn, before)
 }
 

@@ -141,23 +141,6 @@ CREATE SCHEMA app_schema;`); err != nil {
 	}
 }
 
-func TestDownRefusesToDropApplicationDependents(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	u := pgtest.URL(t)
-	conn := connect(t, u)
-	if _, err := conn.Exec(ctx, "CREATE VIEW app_leases AS SELECT name FROM pgfence.leases"); err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.Down(ctx, u); err == nil {
-		t.Fatal("Down dropped pgfence although an application view depends on it")
-	}
-	var n int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM app_leases").Scan(&n); err != nil {
-		t.Fatalf("application view gone after a refused Down: %v", err)
-	}
-}
-
 func TestUpConcurrentProcesses(t *testing.T) {
 	t.Parallel()
 	u := pgtest.EmptyURL(t)
