@@ -56,6 +56,20 @@ func TestCloseCutsShortGrantInFlight(t *testing.T) {
 		})
 		return c, done
 	}
+	// wantClosed lets a grant that Close left running end (stall off), and
+	// checks that its call, what, returned ErrClosed and no lease.
+	wantClosed := func(t *testing.T, done <-chan taken, what string) {
+		stall(false)
+		var r taken
+		select {
+		case r = <-done:
+		case <-ctx.Done():
+			t.Fatal("the grant did not return")
+		}
+		if r.l != nil || !errors.Is(r.err, ErrClosed) {
+			t.Errorf("%s: lease %v, error %v; want ErrClosed", what, r.l, r.err)
+		}
+	}
 	for _, tk := range takes {
 		t.Run(tk.name, func(t *testing.T) {
 			c, done := stalled(t, ctx, tk.take)
@@ -72,16 +86,7 @@ func TestCloseCutsShortGrantInFlight(t *testing.T) {
 			if n := pgtest.Acquired(pool); n != 0 {
 				t.Errorf("after Close: %d connections still acquired (the grant's)", n)
 			}
-			stall(false) // let a grant that Close left running end
-			var r taken
-			select {
-			case r = <-done:
-			case <-ctx.Done():
-				t.Fatal("the grant did not return")
-			}
-			if r.l != nil || !errors.Is(r.err, ErrClosed) {
-				t.Errorf("%s cut short by Close: lease %v, error %v; want ErrClosed", tk.name, r.l, r.err)
-			}
+			wantClosed(t, done, tk.name+" cut short by Close")
 		})
 	}
 	// Under a context that never ends, the grant keeps its fast path:
@@ -97,16 +102,7 @@ func TestCloseCutsShortGrantInFlight(t *testing.T) {
 		if n := grantRunning(t, ctx, pool, "PgSleep"); n == 0 {
 			t.Errorf("the grant under context.Background stopped at Close; want it left to run")
 		}
-		stall(false)
-		var r taken
-		select {
-		case r = <-done:
-		case <-ctx.Done():
-			t.Fatal("the grant did not return")
-		}
-		if r.l != nil || !errors.Is(r.err, ErrClosed) {
-			t.Errorf("grant committed after Close: lease %v, error %v; want ErrClosed", r.l, r.err)
-		}
+		wantClosed(t, done, "grant committed after Close")
 		var live bool
 		if err := pool.QueryRow(ctx, `SELECT expires_at > clock_timestamp() FROM pgfence.leases WHERE name = 'background'`).Scan(&live); err != nil || live {
 			t.Errorf("lease row after the grant was ended: live %v, %v; want it ended", live, err)
