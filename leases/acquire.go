@@ -333,8 +333,9 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac a
 		info := Info{Name: name}
 		var granted bool
 		var remainingUS int64
+		var stmtAt time.Time
 		err := c.queryGrant(ctx, sqlGrant, []any{name, owner, ttl.Microseconds(), data}, &granted,
-			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS, &info.Data)
+			&info.Owner, &info.Fence, &info.AcquiredAt, &info.RenewedAt, &info.ExpiresAt, &remainingUS, &info.Data, &stmtAt)
 		if err != nil && ctx.Err() != nil {
 			return nil, Info{}, 0, c.gaveUp(ctx, fmt.Sprintf("acquire %q", name), owner, err)
 		}
@@ -350,12 +351,30 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac a
 		if !granted {
 			return nil, info, remaining, nil
 		}
-		l, err := c.granted(ctx, info, ttl, start, "", 0, ac.data)
+		l, err := c.granted(ctx, info, ttl, grantStart(start, stmtAt, info.ExpiresAt, ttl), "", 0, ac.data)
 		return l, info, remaining, err
 	}
 	// Three snapshots in a row missed a holder that keeps changing; report
 	// it as held, with a short retry.
 	return nil, Info{Name: name}, 0, nil
+}
+
+// grantStart is when a grant's TTL began on the local clock, for a request
+// sent at sent: later by the time the server spent in the statement before
+// it set the expiry, from the statement's start (stmtAt) to the expiry's
+// base (expiresAt − ttl), both by the database clock. A takeover waits
+// there for the former holder's fenced transactions, for as long as they
+// stay open: counting from sent would leave it a lease that is past its
+// local deadline when it arrives. The statement began after the request
+// was sent, so the deadline still comes before the server's expiry; the
+// wait is bounded by the round trip seen here, so a database clock that
+// steps during the statement gains the lease no more than that.
+func grantStart(sent, stmtAt, expiresAt time.Time, ttl time.Duration) time.Time {
+	waited := expiresAt.Add(-ttl.Truncate(time.Microsecond)).Sub(stmtAt)
+	if waited <= 0 {
+		return sent
+	}
+	return sent.Add(min(waited, time.Since(sent)))
 }
 
 // granted keeps alive the grant info of ttl, whose request began at start,

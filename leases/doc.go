@@ -54,6 +54,14 @@
 // rate (the margin absorbs rate drift and timer lateness). A renewal
 // response that arrives after the deadline does not revive the lease.
 //
+// A grant may wait inside its statement before the server sets expires_at:
+// a takeover waits there for the former holder's fenced transactions to
+// end. The server reports how long, from the statement's start by its own
+// clock, and the grant's start moves later by that wait, bounded by the
+// round trip the client saw. The statement began after the request was
+// sent, so the rule above still holds, and a takeover that waited longer
+// than the TTL still gets a lease with its whole TTL ahead.
+//
 // Hence guarantee: the holder's context is cancelled before anyone else can
 // be granted the lease by expiry.
 //

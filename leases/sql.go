@@ -17,8 +17,10 @@ const (
 	// describes the new grant or else the holder; remaining_us is the time
 	// to its expiry. No row: the holder committed while the call ran.
 	// $4 is the new grant's data (NULL: none); holder_data is the data of
-	// the grant the row describes (migration 5).
-	sqlGrant = `SELECT granted, holder, fence, acquired_at, renewed_at, expires_at, remaining_us, holder_data
+	// the grant the row describes (migration 5). statement_timestamp()
+	// tells how long the server waited before it granted (grantStart).
+	sqlGrant = `SELECT granted, holder, fence, acquired_at, renewed_at, expires_at, remaining_us, holder_data,
+       statement_timestamp()
   FROM pgfence.try_acquire($1, $2, $3, $4)`
 
 	// sqlSetData replaces one grant's data. NULL: the grant is not live.
