@@ -230,8 +230,10 @@ func (l *Lease) turn() chan struct{} {
 // It returns nil when the grant was ended while live, or when an earlier
 // Release already did; an error wrapping ErrLost when the lease had been
 // lost (its work may not have been exclusive); another error when
-// PostgreSQL could not be reached — the lease is released locally anyway
-// and its row expires after the TTL; calling Release again retries. ctx bounds the statement.
+// PostgreSQL could not be reached — the lease is released locally anyway,
+// and the Client ends the grant in the background (Close does, if it
+// comes first) or else it expires after the TTL; calling Release again
+// retries. ctx bounds the statement.
 // Concurrent calls take turns: a call made while another runs waits for it
 // (as long as ctx allows) and then returns nil if that one ended the grant.
 func (l *Lease) Release(ctx context.Context) error {
@@ -307,8 +309,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	span.End(0, err)
 	switch {
-	case err == nil && live == nil && !wasHeld:
-		// An earlier Release (or Close) that reported an error ended it.
+	case err == nil && !wasHeld:
+		// An earlier Release or Close, whose statement failed, released
+		// l while its grant was live (else l would be lost): whether that
+		// statement, endLater or the TTL has ended the grant since,
+		// nothing was lost.
 		c.setState(l, stateReleased)
 		return nil
 	case err == nil && live == nil:
@@ -318,21 +323,20 @@ func (l *Lease) Release(ctx context.Context) error {
 		return err
 	case err != nil:
 		if wasHeld {
-			c.released(l, end) // locally; the row expires after its TTL
+			c.released(l, end) // locally
+			if minHold == 0 {
+				c.endLater(l)
+			}
 		}
 		return dbError(fmt.Sprintf("release %q", l.name), err)
 	}
 	c.setState(l, stateReleased)
 	if !*live {
 		err = fmt.Errorf("leases: release %q: grant (fence %d) had expired by the database clock: %w", l.name, l.fence, ErrLost)
-		if wasHeld {
-			c.releasedLost(l, end, err)
-		}
+		c.releasedLost(l, end, err)
 		return err
 	}
-	if wasHeld {
-		c.released(l, end)
-	}
+	c.released(l, end)
 	return nil
 }
 
@@ -351,6 +355,20 @@ func (c *Client) released(l *Lease, end time.Time) {
 	if c.log.Enabled(context.Background(), slog.LevelDebug) {
 		c.log.Debug("leases: released", "name", l.name, "owner", l.owner, "fence", l.fence, "held", end.Sub(l.since))
 	}
+}
+
+// endLater hands the grant of l, released locally but not ended (its
+// statement failed), to the keepalive, which ends it as it ends a lost
+// lease's (endOrphans), and to Close if Close comes first. A grant that
+// must outlast its minimum hold is left to expire instead.
+func (c *Client) endLater(l *Lease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hooks.noKeepalive || c.isClosed() {
+		return
+	}
+	c.orphans = append(c.orphans, l)
+	c.kickKeepalive()
 }
 
 // releasedLost records that Release found l's grant gone or expired: it

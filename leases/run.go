@@ -56,7 +56,7 @@ func (c *Client) afterRun(l *Lease, fnErr, relErr error) error {
 		}
 		return fmt.Errorf("%w (and %w)", fnErr, relErr)
 	case relErr != nil:
-		c.log.Warn("leases: release after run failed; the row expires after its TTL", "name", l.name, "fence", l.fence, "err", relErr)
+		c.log.Warn("leases: release after run failed", "name", l.name, "fence", l.fence, "err", relErr)
 	}
 	return fnErr
 }
