@@ -102,8 +102,17 @@ func (c *Client) unwatchLocked(l *Lease) {
 	}
 }
 
-// armLocked makes the timer fire no later than d. c.mu held.
+// wallCheck is how often the timer fires while leases are held, however
+// far their deadlines are, so that onDeadlines checks them by the wall
+// clock too.
+const wallCheck = time.Second
+
+// armLocked makes the timer fire no later than d, nor than wallCheck from
+// now. c.mu held.
 func (c *Client) armLocked(d time.Time) {
+	if check := time.Now().Add(wallCheck); check.Before(d) {
+		d = check
+	}
 	if !c.dl.armed.IsZero() && !d.Before(c.dl.armed) {
 		return
 	}
@@ -127,6 +136,13 @@ func (c *Client) stopDeadlinesLocked() {
 // deadline has passed off the heap, re-arms the timer for the next one,
 // and loses them. It counts in c.wg, so that Close waits for it; once
 // Close has begun it does nothing (Close ends every lease).
+//
+// A deadline has passed when either clock says so. The monotonic clock,
+// which the heap orders by, stops while the system is suspended on Linux
+// (golang/go#24595), so a process that wakes after its leases expired
+// would trust them until the monotonic clock caught up; the wall clock
+// goes on, so every held lease is checked by it too. A wall clock stepped
+// forward past a deadline loses that lease early: the safe direction.
 func (c *Client) onDeadlines() {
 	c.mu.Lock()
 	if c.isClosed() {
@@ -141,11 +157,30 @@ func (c *Client) onDeadlines() {
 	for len(c.dl.h) > 0 && !now.Before(c.dl.h[0].at) {
 		due = append(due, heap.Pop(&c.dl.h).(*Lease))
 	}
+	wall := c.wallLocked(now)
+	var byWall []*Lease
+	for _, e := range c.dl.h {
+		if !wall.Before(e.at.Round(0)) {
+			byWall = append(byWall, e.l)
+		}
+	}
+	for _, l := range byWall {
+		heap.Remove(&c.dl.h, l.dlPos-1)
+	}
 	if len(c.dl.h) > 0 {
 		c.armLocked(c.dl.h[0].at)
 	}
 	c.mu.Unlock()
 	for _, l := range due {
-		c.onDeadline(l)
+		c.onDeadline(l, false)
 	}
+	for _, l := range byWall {
+		c.onDeadline(l, true)
+	}
+}
+
+// wallLocked is now's wall clock reading, without its monotonic one
+// (moved by hooks.wallSkew in tests). c.mu held.
+func (c *Client) wallLocked(now time.Time) time.Time {
+	return now.Round(0).Add(c.hooks.wallSkew)
 }

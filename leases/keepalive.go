@@ -106,19 +106,28 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.wakeQueue(l.queue())
 }
 
-// onDeadline loses l, taken off the deadline heap by onDeadlines, unless
-// it is gone or its deadline has moved since (whatever moves it,
-// setDeadlineLocked, put it back on the heap).
-func (c *Client) onDeadline(l *Lease) {
+// onDeadline loses l, taken off the deadline heap by onDeadlines because
+// its deadline passed by the monotonic clock, or by the wall clock if
+// byWall, unless it is gone or its deadline has moved since (whatever
+// moves it, setDeadlineLocked, put it back on the heap).
+func (c *Client) onDeadline(l *Lease, byWall bool) {
 	c.mu.Lock()
-	stale := l.state != stateHeld || time.Now().Before(l.deadline)
+	now := time.Now()
+	stale := l.state != stateHeld || now.Before(l.deadline)
+	if byWall {
+		stale = l.state != stateHeld || c.wallLocked(now).Before(l.deadline.Round(0))
+	}
 	ttl := l.ttl
 	c.mu.Unlock()
 	if stale {
 		return
 	}
-	c.lose(l, lostDeadline, fmt.Errorf("leases: lease %q (fence %d): no successful renewal before the local deadline (TTL %s − margin %s): %w",
-		l.name, l.fence, ttl, margin(ttl), ErrLost), true)
+	why := "no successful renewal before the local deadline"
+	if byWall {
+		why = "the local deadline passed by the wall clock (was the system suspended?)"
+	}
+	c.lose(l, lostDeadline, fmt.Errorf("leases: lease %q (fence %d): %s (TTL %s − margin %s): %w",
+		l.name, l.fence, why, ttl, margin(ttl), ErrLost), true)
 }
 
 func (c *Client) kickKeepalive() {

@@ -84,6 +84,9 @@ type hooks struct {
 	// lost on the way (a proxy that drops it), an error one that could
 	// not be sent.
 	cancelRequest func(context.Context) error
+	// wallSkew moves the wall clock that deadlines are checked by, as a
+	// suspend of the system would; set under c.mu.
+	wallSkew time.Duration
 }
 
 // WithDurableRelease makes releases wait for the WAL flush (and for
