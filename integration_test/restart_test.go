@@ -46,7 +46,7 @@ func TestRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 			var highest int64 // every fence handed out so far is at most this
-			// Lease rows are never deleted, and each keeps its lease's
+			// Nothing prunes lease rows here, and each keeps its lease's
 			// latest fence.
 			if err := admin.QueryRow(ctx, "SELECT coalesce(max(fence), 0) FROM pgfence.leases").Scan(&highest); err != nil {
 				t.Fatal(err)

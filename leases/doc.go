@@ -310,9 +310,11 @@
 // "search/indexer-leader"). Bad input — a bad name, a TTL under 1s, a bad
 // option — returns an error naming the setting and writes nothing.
 //
-// A name's row stays after its release: rows are never deleted, which is
-// what keeps each lease's fences increasing. Name a lease after what it
-// guards (a job, a tenant, a shard), not after one run of it: a name per
-// run ("nightly/<uuid>") adds a row to pgfence.leases each time, about
-// 400 bytes with its index entry for 40-byte names and owners.
+// A name's row stays after its release, which is what keeps each lease's
+// fences increasing. Name a lease after what it guards (a job, a tenant, a
+// shard), not after one run of it: a name per run ("nightly/<uuid>") adds
+// a row to pgfence.leases each time, about 400 bytes with its index entry
+// for 40-byte names and owners. Operators delete rows expired long ago
+// with `pgfence leases prune`, which keeps fences increasing by raising
+// the fence floor (docs/operators.md).
 package leases

@@ -80,18 +80,26 @@ func bumpFence(ctx context.Context, cmd *cobra.Command, g *globals, gap int64) e
 	return nil
 }
 
-// bumpError explains the likely causes of a failed bump, read by SQLSTATE.
+// bumpError explains the likely causes of a failed bump.
 func bumpError(err error) error {
+	return operatorError("bump fences", "pgfence.bump_fence is missing or outdated", "raise the fence floor", err)
+}
+
+// operatorError explains, by SQLSTATE, the likely causes of a failed call
+// of an operator's function by command op: missing (the schema is older
+// than the function), a role that may not do what (only
+// pgfence_operator may), a standby.
+func operatorError(op, missing, what string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case sqlstateUndefinedFunction, sqlstateUndefinedTable:
-			return fmt.Errorf("pgfence.bump_fence is missing or outdated: run `pgfence migrate up` (%w)", err)
+			return fmt.Errorf("%s: run `pgfence migrate up` (%w)", missing, err)
 		case sqlstateInsufficientPriv:
-			return fmt.Errorf("bump fences: only pgfence_operator (or the role that applied pgfence's migrations) may raise the fence floor (%w)", err)
+			return fmt.Errorf("%s: only pgfence_operator (or the role that applied pgfence's migrations) may %s (%w)", op, what, err)
 		case sqlstateReadOnly:
-			return fmt.Errorf("bump fences: this server is a standby; connect to the primary (%w)", err)
+			return fmt.Errorf("%s: this server is a standby; connect to the primary (%w)", op, err)
 		}
 	}
-	return fmt.Errorf("bump fences: %w", err)
+	return fmt.Errorf("%s: %w", op, err)
 }

@@ -184,7 +184,7 @@ The role needs pgfence_operator.`,
 		}),
 	}
 	handover.Flags().DurationVar(&handoverTimeout, "timeout", 30*time.Second, "how long to wait for the holder to release (1ms..1h)")
-	cmd.AddCommand(ls, release, handover)
+	cmd.AddCommand(ls, release, handover, newPruneCmd(g))
 	return cmd
 }
 
