@@ -47,15 +47,17 @@
 //	deadline = start of the last successful grant/renew request + TTL − margin
 //
 // measured on the monotonic clock of the holder, where margin is TTL/10
-// (100ms for the minimum TTL of 1s). That clock stops while the system is
-// suspended (on Linux), so the client checks held leases by the wall
-// clock too, every second: a lease whose deadline either clock has passed
-// is lost, within a second of a resume. The server computed expires_at as its
+// (100ms for the minimum TTL of 1s). The server computed expires_at as its
 // clock at some moment after that request started, plus the TTL; so the
 // deadline falls strictly before expires_at, by at least the margin, with
 // no assumption about the two clocks except that they run at about the same
 // rate (the margin absorbs rate drift and timer lateness). A renewal
 // response that arrives after the deadline does not revive the lease.
+//
+// The monotonic clock stops while the system is suspended (on Linux), so
+// the client checks held leases by the wall clock too, every second: a
+// lease whose deadline either clock has passed is lost, within a second of
+// a resume (or of a wall clock stepped forward past it).
 //
 // A grant may wait inside its statement before the server sets expires_at:
 // a takeover waits there for the former holder's fenced transactions to

@@ -257,7 +257,7 @@ func (c *Client) orphansToEndLocked() bool {
 func (c *Client) endOrphans(ls []*Lease) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(c.shutdown, c.cfg.releaseTimeout)
-	failed, err := c.releaseBatch(ctx, "end grants of lost leases", ls)
+	failed, err := c.releaseBatch(ctx, "end grants of lost leases and failed releases", ls)
 	cancel()
 	c.mu.Lock()
 	c.ending = false
@@ -269,7 +269,7 @@ func (c *Client) endOrphans(ls []*Lease) {
 	}
 	c.mu.Unlock()
 	if err != nil && !closed {
-		c.log.Warn("leases: end grants of lost leases", "count", len(ls), "err", err)
+		c.log.Warn("leases: end grants of lost leases and failed releases", "count", len(ls), "err", err)
 	}
 }
 
