@@ -60,7 +60,7 @@ type Client struct {
 	releasing map[string]int    // names whose Release has not returned yet
 	nextDue   time.Time         // earliest nextRenew the keepalive sleeps towards
 	dl        deadlines         // held leases' local deadlines (deadline.go)
-	orphans   []*Lease          // lost at the local deadline; grants to end
+	orphans   []*Lease          // lost at the local deadline, or whose Release failed: grants to end
 	ending    bool              // endOrphans is running
 	queues    map[string]*queue // waiting acquirers per lease name, or semQueue(semaphore name)
 	observers map[string]map[*observer]struct{}

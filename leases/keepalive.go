@@ -248,8 +248,9 @@ func (c *Client) orphansToEndLocked() bool {
 	return len(c.orphans) > 0 && !c.ending && !c.isClosed()
 }
 
-// endOrphans ends the grants of leases lost at their local deadline, so
-// that waiters need not wait for the server's expiry. It runs off the
+// endOrphans ends the grants of leases lost at their local deadline, and
+// of leases whose Release failed (endLater), so that waiters need not wait
+// for the server's expiry. It runs off the
 // keepalive's goroutine: the statement may wait for a row lock (a fenced
 // REPEATABLE READ transaction share-locks its lease's row) up to the
 // release timeout, and the other leases' renewals must not wait with it.
