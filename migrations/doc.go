@@ -56,6 +56,9 @@
 // SQL bodies were parsed with the migration role's search path: a
 // look-alike of a built-in that another role had put on it stayed bound
 // to them. Up and Down run every file with pg_catalog alone on the path.
+// Migration 17 adds pgfence.prune(older_than_us, max_rows), for
+// operators: it deletes lease rows expired long ago and raises the fence
+// floor to the highest fence it deletes.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.
