@@ -32,6 +32,10 @@ var FS embed.FS
 // two interoperate, and serialise on the same advisory lock.
 const Table = "pgfence_schema_migrations"
 
+// applicationName names the migrations' connection (application_name)
+// unless the database URL or PGAPPNAME names it.
+const applicationName = "pgfence migrations"
+
 // ErrDirty is returned by Up and Down when the last migration failed
 // part-way: fix the schema by hand, then set the version with the upstream
 // CLI (migrate force N).
@@ -59,9 +63,10 @@ var ErrInvalid = errors.New("migrations: invalid input")
 // "Privileges").
 //
 // databaseURL is a PostgreSQL connection string in URL or keyword/value form
-// (anything pgx.ParseConfig accepts); errors never quote it. ctx bounds
-// connecting and waiting for the lock; once a migration has started it runs
-// to its end, and cancelling ctx stops before the next one.
+// (anything pgx.ParseConfig accepts); errors never quote it. The
+// connection's application_name is "pgfence migrations" unless it names
+// one. ctx bounds connecting and waiting for the lock; once a migration has
+// started it runs to its end, and cancelling ctx stops before the next one.
 func Up(ctx context.Context, databaseURL string) error {
 	if err := run(ctx, databaseURL, up); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
@@ -374,6 +379,11 @@ func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkee
 		// pgx's message quotes the string (with the password only partly
 		// redacted when it is escaped): say nothing of it.
 		return fmt.Errorf("%w: the database URL cannot be parsed (its text is not repeated here: it may hold a password)", ErrInvalid)
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; !ok {
+		// Named in pg_stat_activity, for an operator looking for what a
+		// migration waits on, or what waits on it.
+		cfg.RuntimeParams["application_name"] = applicationName
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
