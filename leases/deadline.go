@@ -10,9 +10,10 @@ import (
 // its last successful grant or renewal + TTL − margin; if it passes before
 // a renewal succeeds, the lease is lost (onDeadline). The Client keeps its
 // held leases in a min-heap by deadline and runs one timer, for the
-// earliest. Grants, renewals and releases change the heap, not the timer:
-// it is re-armed only for a deadline earlier than the one it is set for,
-// and is left set when that lease goes (it then fires once for nothing).
+// earliest, or for a second from now if that is sooner (wallCheck).
+// Grants, renewals and releases change the heap, not the timer: it is
+// re-armed only for a time earlier than the one it is set for, and is
+// left set when that lease goes (it then fires once for nothing).
 // So a lease taken and released in a loop arms no timer per cycle — each
 // new earliest runtime timer may wake a thread of the Go scheduler, which
 // cost 3–5 % of a TryAcquire + Release cycle on loopback — and a renewal of
