@@ -242,3 +242,71 @@ func TestPruneRacingGrant(t *testing.T) {
 		t.Errorf("fence of the grant that raced prune = %d, want above the deleted fence %d", f, high)
 	}
 }
+
+// TestPruneRacingSlotGrant (scenario: a semaphore slot's row is pruned
+// while a replica asks for a slot). try_acquire_slot read the fence floor
+// when it began and inserted a pruned slot's new row with that value:
+// where prune committed in between, the new grant's fence could be below
+// the deleted one (when that was above the clock: after a fence bump).
+// The interleaving is forced: an ACCESS EXCLUSIVE lock request queued
+// behind prune makes the slot grant wait after it has begun and before it
+// reads the lease table, until prune has committed.
+func TestPruneRacingSlotGrant(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u := pgtest.URL(t)
+	admin := connect(t, u)
+	if _, err := admin.Exec(ctx, `SELECT FROM pgfence.try_acquire_slot('sem', 1, 'first', 60000000)`); err != nil {
+		t.Fatal(err)
+	}
+	const high = int64(1) << 60
+	if _, err := admin.Exec(ctx, `UPDATE pgfence.leases SET fence = `+strconv.FormatInt(high, 10)+`, expires_at = clock_timestamp() - interval '1 minute' WHERE name = 'sem#1'`); err != nil {
+		t.Fatal(err)
+	}
+	pruner := connect(t, u)
+	ptx, err := pruner.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ptx.Rollback(ctx) }()
+	var n int64
+	if err := ptx.QueryRow(ctx, `SELECT pgfence.prune(0)`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("prune = %d, %v; want 1 row", n, err)
+	}
+	waiting := func(what, like string) {
+		t.Helper()
+		pgtest.WaitFor(t, 30*time.Second, what, func() bool {
+			var ok bool
+			err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, like).Scan(&ok)
+			return err == nil && ok
+		})
+	}
+	locker := connect(t, u)
+	locked := make(chan error, 1)
+	go func() {
+		_, err := locker.Exec(ctx, `BEGIN; LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE; COMMIT`)
+		locked <- err
+	}()
+	waiting("the table lock to queue behind prune", "BEGIN; LOCK TABLE%")
+	taker := connect(t, u)
+	took := make(chan int64, 1)
+	go func() {
+		var f int64
+		if err := taker.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire_slot('sem', 1, 'taker', 60000000) WHERE granted`).Scan(&f); err != nil {
+			t.Errorf("slot grant racing prune: %v", err)
+		}
+		took <- f
+	}()
+	waiting("the slot grant to queue behind the table lock", "%try_acquire_slot%")
+	if err := ptx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	if f := <-took; f <= high {
+		t.Errorf("fence of the slot grant that raced prune = %d, want above the deleted fence %d", f, high)
+	}
+}
