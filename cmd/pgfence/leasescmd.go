@@ -35,8 +35,8 @@ func newLeasesCmd(g *globals) *cobra.Command {
 (or how long ago it expired) and how long the current owner has held it.
 Times are judged by the database clock. A row stays after its lease is
 released or expires, with its last grant's owner and fence: it is listed as
-expired. An expired row is free: the next acquirer takes it with a higher
-fence.`,
+expired, until 'pgfence leases prune' deletes it. An expired row is free:
+the next acquirer takes it with a higher fence.`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
