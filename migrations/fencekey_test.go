@@ -85,7 +85,8 @@ SELECT pgfence.protect('accounts');`); err != nil {
 		case <-time.After(20 * time.Millisecond): // polling pg_locks: nothing to wait on
 		}
 		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-			WHERE locktype = 'relation' AND relation = 'pgfence.leases'::regclass AND NOT granted)`).Scan(&waiting); err != nil {
+			WHERE locktype = 'relation' AND relation = 'pgfence.leases'::regclass AND NOT granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -112,16 +112,18 @@ func TestTerminateBackendClosesDone(t *testing.T) {
 func TestDoReportsLoss(t *testing.T) {
 	t.Parallel()
 	pool, l := setup(t)
-	ctx := testContext(t)
-	err := l.Do(ctx, "job", func(ctx context.Context, _ *Lock) error {
+	tctx := testContext(t)
+	checked := false
+	err := l.Do(tctx, "job", func(ctx context.Context, _ *Lock) error {
 		var pid int32
-		// Find our own backend the way an operator would: by the key.
+		// Find our own backend the way an operator would: by the key. Not
+		// under fn's ctx, which ends as soon as the kill is noticed.
 		k := uint64(Key("job"))
-		if err := pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB,
+		if err := pool.QueryRow(tctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB,
 			int64(k>>32), int64(uint32(k))).Scan(&pid); err != nil {
 			return fmt.Errorf("find holder: %w", err)
 		}
-		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		if _, err := pool.Exec(tctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 			return err
 		}
 		select {
@@ -132,10 +134,14 @@ func TestDoReportsLoss(t *testing.T) {
 		if !errors.Is(context.Cause(ctx), ErrLost) {
 			return fmt.Errorf("cause = %v, want ErrLost", context.Cause(ctx))
 		}
+		checked = true
 		return nil
 	})
 	if !errors.Is(err, ErrLost) {
 		t.Errorf("Do = %v, want an error wrapping ErrLost", err)
+	}
+	if !checked {
+		t.Errorf("fn did not reach its check of why its context ended (Do = %v)", err)
 	}
 	assertIdle(t, pool)
 }
