@@ -34,7 +34,14 @@ func TestLeadAtMostOneLeader(t *testing.T) {
 	lctx, stop := context.WithCancel(ctx)
 	defer stop()
 
-	var leading atomic.Int32
+	var leading atomic.Int32 // fn running
+	// The contexts of every fn that ever led: when one starts, every
+	// other's must have ended already. Checked on the contexts themselves,
+	// not by counting fns, which see their contexts end only when the
+	// scheduler runs them — on a loaded machine, possibly after the margin
+	// has passed and the next leader has begun.
+	var leaderCtxs []context.Context
+	var leaderMu sync.Mutex
 	// Force-release is break-glass: PostgreSQL grants the lease anew at
 	// once, while the old leader learns only when its client checks (on
 	// the release notification, else at its next renewal). In that window
@@ -50,9 +57,15 @@ func TestLeadAtMostOneLeader(t *testing.T) {
 		c := newClient(t, pool, WithOwner(fmt.Sprintf("cand%d", i)))
 		wg.Go(func() {
 			err := c.Lead(lctx, "leader", ttl, func(ctx context.Context, l *Lease) error {
-				if n := leading.Add(1); n > 1 && !forcing.Load() {
-					t.Errorf("%d leaders at once", n)
+				leading.Add(1)
+				leaderMu.Lock()
+				for _, other := range leaderCtxs {
+					if other.Err() == nil && !forcing.Load() {
+						t.Errorf("candidate %d leads (fence %d) while an earlier leader's context is still open", i, l.Fence())
+					}
 				}
+				leaderCtxs = append(leaderCtxs, ctx)
+				leaderMu.Unlock()
 				terms <- term{candidate: i, fence: l.Fence()}
 				<-ctx.Done()
 				leading.Add(-1)
