@@ -98,7 +98,7 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	case err != nil:
 		l.discard(sc, s.label, pid, "acquire failed")
 		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
-		return nil, s.opErr(m.op, err)
+		return nil, s.opErr(m.op, ctxFirst(ctx, err))
 	case taken < len(s.keys):
 		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
 		herr := refusal(ctx, q, s, taken, m.op)

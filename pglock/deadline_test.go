@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -65,5 +66,33 @@ func TestLockDeadlineIsContextError(t *testing.T) {
 			}
 			assertIdle(t, pool)
 		})
+	}
+}
+
+// ctxFirst reports a statement's failure after ctx ended as ctx's error.
+// CI saw TestLockDeadlineIsContextError/database/sql fail once, in the
+// pass against a container: "Lock past its deadline = pglock: lock
+// "held": driver: bad connection" — the deadline had passed while a
+// statement before the wait ran, and database/sql said so its own way.
+func TestCtxFirst(t *testing.T) {
+	bad := errors.New("driver: bad connection")
+	live := context.Background()
+	if got := ctxFirst(live, bad); got != bad {
+		t.Errorf("ctxFirst(live ctx, err) = %v, want err unchanged", got)
+	}
+	expired, cancel := context.WithDeadline(live, time.Now().Add(-time.Second))
+	defer cancel()
+	got := ctxFirst(expired, bad)
+	if !errors.Is(got, context.DeadlineExceeded) || !errors.Is(got, bad) {
+		t.Errorf("ctxFirst(expired ctx, err) = %v, want both DeadlineExceeded and err in its chain", got)
+	}
+	if wrapped := fmt.Errorf("query: %w", context.DeadlineExceeded); ctxFirst(expired, wrapped) != wrapped {
+		t.Errorf("ctxFirst(expired ctx, an error wrapping it) changed it")
+	}
+	why := errors.New("shutting down")
+	cancelled, cancelCause := context.WithCancelCause(live)
+	cancelCause(why)
+	if got := ctxFirst(cancelled, bad); !errors.Is(got, why) || !errors.Is(got, bad) {
+		t.Errorf("ctxFirst(cancelled with a cause, err) = %v, want the cause in its chain", got)
 	}
 }

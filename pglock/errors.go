@@ -154,3 +154,16 @@ func (i Info) session() string {
 	}
 	return s + ")"
 }
+
+// ctxFirst is err, of a statement that failed after ctx had ended, as
+// ctx's error (err kept in the chain and the text): what the driver says
+// then — a closed connection ("driver: bad connection" from
+// database/sql), a lock timeout — is the consequence of ctx ending, and
+// callers match ctx's error with errors.Is.
+func ctxFirst(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	if cause == nil || errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", cause, err)
+}

@@ -178,7 +178,7 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		// state of this session is unknown, so the session goes.
 		l.destroy(conn, s.label, "acquire failed")
 		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
-		return nil, s.opErr(m.op, err)
+		return nil, s.opErr(m.op, ctxFirst(ctx, err))
 	case taken < len(s.keys):
 		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
 		herr := refusal(ctx, conn, s, taken, m.op) // the statement gave the names back
