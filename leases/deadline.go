@@ -155,17 +155,12 @@ func (c *Client) onDeadlines() {
 	c.dl.armed = time.Time{}
 	now := time.Now()
 	var due []*Lease
-	for len(c.dl.h) > 0 && !now.Before(c.dl.h[0].at) {
-		due = append(due, heap.Pop(&c.dl.h).(*Lease))
-	}
-	wall := c.wallLocked(now)
-	var byWall []*Lease
 	for _, e := range c.dl.h {
-		if !wall.Before(e.at.Round(0)) {
-			byWall = append(byWall, e.l)
+		if c.passedLocked(now, e.at) {
+			due = append(due, e.l)
 		}
 	}
-	for _, l := range byWall {
+	for _, l := range due {
 		heap.Remove(&c.dl.h, l.dlPos-1)
 	}
 	if len(c.dl.h) > 0 {
@@ -173,11 +168,14 @@ func (c *Client) onDeadlines() {
 	}
 	c.mu.Unlock()
 	for _, l := range due {
-		c.onDeadline(l, false)
+		c.onDeadline(l)
 	}
-	for _, l := range byWall {
-		c.onDeadline(l, true)
-	}
+}
+
+// passedLocked reports whether deadline d has passed at now by either
+// clock: the monotonic one, or the wall clock (see onDeadlines). c.mu held.
+func (c *Client) passedLocked(now, d time.Time) bool {
+	return !now.Before(d) || !c.wallLocked(now).Before(d.Round(0))
 }
 
 // wallLocked is now's wall clock reading, without its monotonic one

@@ -96,9 +96,8 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.m.recordHold(l, true, end)
 	c.m.recordLost(l.name, why)
 	l.endLocked(cause)
-	if orphan && !c.hooks.noKeepalive && !c.isClosed() {
-		c.orphans = append(c.orphans, l)
-		c.kickKeepalive()
+	if orphan {
+		c.orphanLocked(l)
 	}
 	c.mu.Unlock()
 	c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
@@ -106,25 +105,33 @@ func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
 	c.wakeQueue(l.queue())
 }
 
-// onDeadline loses l, taken off the deadline heap by onDeadlines because
-// its deadline passed by the monotonic clock, or by the wall clock if
-// byWall, unless it is gone or its deadline has moved since (whatever
-// moves it, setDeadlineLocked, put it back on the heap).
-func (c *Client) onDeadline(l *Lease, byWall bool) {
+// orphanLocked hands l's grant, which may still be ours though l is no
+// longer held, to the keepalive to end (endOrphans), and to Close if Close
+// comes first; not once Close has begun (it ends what it holds itself),
+// nor for a frozen holder (hooks.noKeepalive). c.mu held.
+func (c *Client) orphanLocked(l *Lease) {
+	if c.hooks.noKeepalive || c.isClosed() {
+		return
+	}
+	c.orphans = append(c.orphans, l)
+	c.kickKeepalive()
+}
+
+// onDeadline loses l, taken off the deadline heap by onDeadlines, unless
+// it is gone or its deadline has moved since (whatever moves it,
+// setDeadlineLocked, put it back on the heap).
+func (c *Client) onDeadline(l *Lease) {
 	c.mu.Lock()
 	now := time.Now()
-	stale := l.state != stateHeld || now.Before(l.deadline)
-	if byWall {
-		stale = l.state != stateHeld || c.wallLocked(now).Before(l.deadline.Round(0))
+	stale := l.state != stateHeld || !c.passedLocked(now, l.deadline)
+	why := "no successful renewal before the local deadline"
+	if now.Before(l.deadline) {
+		why = "the local deadline passed by the wall clock (was the system suspended?)"
 	}
 	ttl := l.ttl
 	c.mu.Unlock()
 	if stale {
 		return
-	}
-	why := "no successful renewal before the local deadline"
-	if byWall {
-		why = "the local deadline passed by the wall clock (was the system suspended?)"
 	}
 	c.lose(l, lostDeadline, fmt.Errorf("leases: lease %q (fence %d): %s (TTL %s − margin %s): %w",
 		l.name, l.fence, why, ttl, margin(ttl), ErrLost), true)

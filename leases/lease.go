@@ -358,17 +358,12 @@ func (c *Client) released(l *Lease, end time.Time) {
 }
 
 // endLater hands the grant of l, released locally but not ended (its
-// statement failed), to the keepalive, which ends it as it ends a lost
-// lease's (endOrphans), and to Close if Close comes first. A grant that
-// must outlast its minimum hold is left to expire instead.
+// statement failed), to the keepalive to end, as it ends a lost lease's
+// (orphanLocked).
 func (c *Client) endLater(l *Lease) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.hooks.noKeepalive || c.isClosed() {
-		return
-	}
-	c.orphans = append(c.orphans, l)
-	c.kickKeepalive()
+	c.orphanLocked(l)
 }
 
 // releasedLost records that Release found l's grant gone or expired: it
