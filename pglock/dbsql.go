@@ -166,20 +166,15 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 		return backend, true, ctx.Err()
 	}
 	pid, err = granted, stmtErr
-	byDeadline := timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable
-	if byDeadline {
+	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
 		<-ctx.Done() // the server's deadline is ctx's (see wait)
 	}
-	switch {
-	case !stop():
+	if !stop() {
 		<-cleaned
-	case !byDeadline:
-		return pid, false, err
+		l.discard(sc, label, backend, "wait abandoned")
+		return backend, true, err
 	}
-	// Abandoned, also when stop won the race with ctx's AfterFunc after
-	// the deadline (see wait).
-	l.discard(sc, label, backend, "wait abandoned")
-	return backend, true, err
+	return pid, false, err
 }
 
 // discard closes sc's driver connection, and so its server session, which

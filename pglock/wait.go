@@ -84,24 +84,21 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 		err = conn.QueryRow(context.WithoutCancel(ctx), sql, arg, timeout).Scan(&pid, nil)
 	}
 	close(finished)
-	byDeadline := timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable
-	if byDeadline {
+	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
 		// The server ended the wait at the deadline it was given (of
 		// several keys, each wait may last that long: later, never
 		// earlier); this process's timer for the same deadline may fire
 		// a moment later on a loaded machine. It is the deadline either
-		// way.
+		// way: once ctx has ended, the caller reports ctx's error
+		// (ctxFirst) — also when stop below wins the race with ctx's
+		// AfterFunc, which a context starts only after closing Done.
 		<-ctx.Done()
 	}
 	if !stop() {
 		<-cleaned
 		return pid, true, err
 	}
-	// A context closes Done before it starts its AfterFunc callbacks, so
-	// stop may still win after <-ctx.Done() above: the wait ended by the
-	// deadline all the same, and the caller must report ctx's error, not
-	// the server's lock timeout.
-	return pid, byDeadline, err
+	return pid, false, err
 }
 
 // lockStatement returns the blocking acquire of keys and its first
