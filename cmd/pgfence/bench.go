@@ -98,14 +98,11 @@ type benchOp struct {
 
 func runBench(ctx context.Context, g *globals, out io.Writer, d time.Duration, conc []int) error {
 	maxConc := slices.Max(conc)
-	pool, err := openPool(ctx, g.connString(), "pgfence bench", int32(maxConc+4))
+	pool, err := openSchemaPool(ctx, g.connString(), "pgfence bench", int32(maxConc+4))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
-		return err
-	}
 	lc, err := leases.New(pool)
 	if err != nil {
 		return fmt.Errorf("leases client: %w", err)

@@ -204,6 +204,20 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// openSchemaPool is openPool for a command that needs pgfence's schema: it
+// fails, with the pool closed, when the schema is missing (checkSchema).
+func openSchemaPool(ctx context.Context, connString, appName string, maxConns int32) (*pgxpool.Pool, error) {
+	pool, err := openPool(ctx, connString, appName, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
 // schemaHint puts the hint for err's SQLSTATE (run `pgfence migrate up`,
 // the grants, the primary) in front of err; the libraries add the same
 // hints, from the same place (internal/pgerr).

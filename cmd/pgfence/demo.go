@@ -107,14 +107,11 @@ func runDemo(cmd *cobra.Command, g *globals, o demoOptions) error {
 			return fmt.Errorf("migrate the throwaway database: %w", err)
 		}
 	}
-	pool, err := openPool(ctx, connString, "pgfence demo", 2)
+	pool, err := openSchemaPool(ctx, connString, "pgfence demo", 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
-		return err
-	}
 	if err := setupDemo(ctx, pool, true); err != nil {
 		return err
 	}

@@ -118,14 +118,11 @@ func demoWorker(cmd *cobra.Command, g *globals, o workerOptions) error {
 			}
 		}()
 	}
-	pool, err := openPool(ctx, g.connString(), "pgfence demo worker "+o.name, 4)
+	pool, err := openSchemaPool(ctx, g.connString(), "pgfence demo worker "+o.name, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
-		return err
-	}
 	if err := setupDemo(ctx, pool, false); err != nil {
 		return err
 	}

@@ -64,14 +64,11 @@ pgfence's migrations).`,
 }
 
 func bumpFence(ctx context.Context, cmd *cobra.Command, g *globals, gap int64) error {
-	pool, err := openPool(ctx, g.connString(), "pgfence fence bump", 1)
+	pool, err := openSchemaPool(ctx, g.connString(), "pgfence fence bump", 1)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := checkSchema(ctx, pool); err != nil {
-		return err
-	}
 	var floor int64
 	if err := pool.QueryRow(ctx, sqlBumpFence, gap).Scan(&floor); err != nil {
 		return bumpError(err)

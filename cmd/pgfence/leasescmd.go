@@ -194,14 +194,11 @@ The role needs pgfence_operator.`,
 // was asked for.
 func withPool(ctx context.Context, g *globals, app string, conns int32, wait time.Duration, fn func(context.Context, *pgxpool.Pool, time.Time) error) error {
 	return bounded(ctx, wait, func(ctx context.Context) error {
-		pool, err := openPool(ctx, g.connString(), app, conns)
+		pool, err := openSchemaPool(ctx, g.connString(), app, conns)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		if err := checkSchema(ctx, pool); err != nil {
-			return err
-		}
 		var now time.Time
 		if err := pool.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return fmt.Errorf("read the database clock: %w", err)

@@ -61,17 +61,9 @@ pgfence's migrations).`,
 // short by answerTimeout, and a server that stops answering still is.
 func pruneLeases(ctx context.Context, cmd *cobra.Command, g *globals, olderThan time.Duration, batch int) error {
 	var pool *pgxpool.Pool
-	err := bounded(ctx, 0, func(ctx context.Context) error {
-		p, err := openPool(ctx, g.connString(), "pgfence leases prune", 1)
-		if err != nil {
-			return err
-		}
-		if err := checkSchema(ctx, p); err != nil {
-			p.Close()
-			return err
-		}
-		pool = p
-		return nil
+	err := bounded(ctx, 0, func(ctx context.Context) (err error) {
+		pool, err = openSchemaPool(ctx, g.connString(), "pgfence leases prune", 1)
+		return err
 	})
 	if err != nil {
 		return err
