@@ -2,7 +2,6 @@ package migrations_test
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 
@@ -54,6 +53,64 @@ func leaseNames(t *testing.T, ctx context.Context, conn *pgx.Conn) []string {
 	return names
 }
 
+// farFence is a fence far above any drawn from the clock: only the fence
+// floor that prune raises can give a later grant a higher one.
+const farFence = int64(1) << 60
+
+// setFence sets lease name's stored fence, as a grant far in the clock's
+// future (after a fence bump) would have.
+func setFence(t *testing.T, ctx context.Context, conn *pgx.Conn, name string, fence int64) {
+	t.Helper()
+	if _, err := conn.Exec(ctx, `UPDATE pgfence.leases SET fence = $2 WHERE name = $1`, name, fence); err != nil {
+		t.Fatalf("set the fence of %q: %v", name, err)
+	}
+}
+
+// beginPrune runs prune(0) in a transaction of its own on u that it leaves
+// open, wanting one row deleted; the transaction is rolled back when t
+// ends unless committed.
+func beginPrune(t *testing.T, ctx context.Context, u string) pgx.Tx {
+	t.Helper()
+	tx, err := connect(t, u).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT pgfence.prune(0)`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("prune = %d, %v; want 1 row", n, err)
+	}
+	return tx
+}
+
+// grantInBackground runs query, a grant returning its fence, on a
+// connection of its own to u, and sends the fence when it returns.
+func grantInBackground(t *testing.T, ctx context.Context, u, query string) <-chan int64 {
+	t.Helper()
+	conn := connect(t, u)
+	took := make(chan int64, 1)
+	go func() {
+		var f int64
+		if err := conn.QueryRow(ctx, query).Scan(&f); err != nil {
+			t.Errorf("%s: %v", query, err)
+		}
+		took <- f
+	}()
+	return took
+}
+
+// waitForLockWait waits until a backend of this database whose query is
+// LIKE like waits for a lock.
+func waitForLockWait(t *testing.T, ctx context.Context, conn *pgx.Conn, what, like string) {
+	t.Helper()
+	pgtest.WaitFor(t, 30*time.Second, what, func() bool {
+		var ok bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, like).Scan(&ok)
+		return err == nil && ok
+	})
+}
+
 // TestPrune: prune deletes the rows expired before the cutoff, not live
 // ones nor ones expired since, at most max_rows a call, and a deleted
 // name's next grant still gets a higher fence than it had — here a fence
@@ -70,10 +127,7 @@ func TestPrune(t *testing.T) {
 		expire(t, ctx, conn, name, 2*time.Hour)
 	}
 	expire(t, ctx, conn, "recent", time.Minute)
-	const high = int64(1) << 60 // far above any fence drawn from the clock
-	if _, err := conn.Exec(ctx, `UPDATE pgfence.leases SET fence = `+strconv.FormatInt(high, 10)+` WHERE name = 'old2'`); err != nil {
-		t.Fatal(err)
-	}
+	setFence(t, ctx, conn, "old2", farFence)
 
 	if n := prune(t, ctx, conn, time.Hour, 2); n != 2 {
 		t.Errorf("prune(1h, at most 2) deleted %d rows, want 2", n)
@@ -88,11 +142,11 @@ func TestPrune(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT floor FROM pgfence.fence_floor`).Scan(&floor); err != nil {
 		t.Fatal(err)
 	}
-	if floor < high {
-		t.Errorf("fence floor after prune = %d, want at least the deleted fence %d", floor, high)
+	if floor < farFence {
+		t.Errorf("fence floor after prune = %d, want at least the deleted fence %d", floor, farFence)
 	}
-	if f := grant(t, ctx, conn, "old2", time.Hour); f <= high {
-		t.Errorf("fence of the pruned name's next grant = %d, want above its deleted fence %d", f, high)
+	if f := grant(t, ctx, conn, "old2", time.Hour); f <= farFence {
+		t.Errorf("fence of the pruned name's next grant = %d, want above its deleted fence %d", f, farFence)
 	}
 	if n := prune(t, ctx, conn, 0, 100); n != 1 {
 		t.Errorf("prune(0) deleted %d rows, want 1 (recent)", n)
@@ -206,40 +260,15 @@ func TestPruneRacingGrant(t *testing.T) {
 	admin := connect(t, u)
 	grant(t, ctx, admin, "x", time.Hour)
 	expire(t, ctx, admin, "x", time.Minute)
-	const high = int64(1) << 60
-	if _, err := admin.Exec(ctx, `UPDATE pgfence.leases SET fence = `+strconv.FormatInt(high, 10)+` WHERE name = 'x'`); err != nil {
-		t.Fatal(err)
-	}
-	pruner := connect(t, u)
-	ptx, err := pruner.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ptx.Rollback(ctx) }()
-	var n int64
-	if err := ptx.QueryRow(ctx, `SELECT pgfence.prune(0)`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("prune = %d, %v; want 1 row", n, err)
-	}
-	taker := connect(t, u)
-	took := make(chan int64, 1)
-	go func() {
-		var f int64
-		if err := taker.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire('x', 'taker', 60000000, NULL) WHERE granted`).Scan(&f); err != nil {
-			t.Errorf("grant racing prune: %v", err)
-		}
-		took <- f
-	}()
-	pgtest.WaitFor(t, 30*time.Second, "the grant to wait for prune's transaction", func() bool {
-		var waiting bool
-		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%try_acquire%')`).Scan(&waiting)
-		return err == nil && waiting
-	})
+	setFence(t, ctx, admin, "x", farFence)
+	ptx := beginPrune(t, ctx, u)
+	took := grantInBackground(t, ctx, u, `SELECT fence FROM pgfence.try_acquire('x', 'taker', 60000000, NULL) WHERE granted`)
+	waitForLockWait(t, ctx, admin, "the grant to wait for prune's transaction", "%try_acquire%")
 	if err := ptx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if f := <-took; f <= high {
-		t.Errorf("fence of the grant that raced prune = %d, want above the deleted fence %d", f, high)
+	if f := <-took; f <= farFence {
+		t.Errorf("fence of the grant that raced prune = %d, want above the deleted fence %d", f, farFence)
 	}
 }
 
@@ -260,53 +289,25 @@ func TestPruneRacingSlotGrant(t *testing.T) {
 	if _, err := admin.Exec(ctx, `SELECT FROM pgfence.try_acquire_slot('sem', 1, 'first', 60000000)`); err != nil {
 		t.Fatal(err)
 	}
-	const high = int64(1) << 60
-	if _, err := admin.Exec(ctx, `UPDATE pgfence.leases SET fence = `+strconv.FormatInt(high, 10)+`, expires_at = clock_timestamp() - interval '1 minute' WHERE name = 'sem#1'`); err != nil {
-		t.Fatal(err)
-	}
-	pruner := connect(t, u)
-	ptx, err := pruner.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ptx.Rollback(ctx) }()
-	var n int64
-	if err := ptx.QueryRow(ctx, `SELECT pgfence.prune(0)`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("prune = %d, %v; want 1 row", n, err)
-	}
-	waiting := func(what, like string) {
-		t.Helper()
-		pgtest.WaitFor(t, 30*time.Second, what, func() bool {
-			var ok bool
-			err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, like).Scan(&ok)
-			return err == nil && ok
-		})
-	}
+	expire(t, ctx, admin, "sem#1", time.Minute)
+	setFence(t, ctx, admin, "sem#1", farFence)
+	ptx := beginPrune(t, ctx, u)
 	locker := connect(t, u)
 	locked := make(chan error, 1)
 	go func() {
 		_, err := locker.Exec(ctx, `BEGIN; LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE; COMMIT`)
 		locked <- err
 	}()
-	waiting("the table lock to queue behind prune", "BEGIN; LOCK TABLE%")
-	taker := connect(t, u)
-	took := make(chan int64, 1)
-	go func() {
-		var f int64
-		if err := taker.QueryRow(ctx, `SELECT fence FROM pgfence.try_acquire_slot('sem', 1, 'taker', 60000000) WHERE granted`).Scan(&f); err != nil {
-			t.Errorf("slot grant racing prune: %v", err)
-		}
-		took <- f
-	}()
-	waiting("the slot grant to queue behind the table lock", "%try_acquire_slot%")
+	waitForLockWait(t, ctx, admin, "the table lock to queue behind prune", "BEGIN; LOCK TABLE%")
+	took := grantInBackground(t, ctx, u, `SELECT fence FROM pgfence.try_acquire_slot('sem', 1, 'taker', 60000000) WHERE granted`)
+	waitForLockWait(t, ctx, admin, "the slot grant to queue behind the table lock", "%try_acquire_slot%")
 	if err := ptx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-locked; err != nil {
 		t.Fatal(err)
 	}
-	if f := <-took; f <= high {
-		t.Errorf("fence of the slot grant that raced prune = %d, want above the deleted fence %d", f, high)
+	if f := <-took; f <= farFence {
+		t.Errorf("fence of the slot grant that raced prune = %d, want above the deleted fence %d", f, farFence)
 	}
 }
