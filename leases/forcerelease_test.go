@@ -192,10 +192,7 @@ func TestForceReleaseBlockersAreHolders(t *testing.T) {
 		took <- err
 	}()
 	pgtest.WaitFor(t, testTimeout, "the takeover to wait for the fence lock", func() bool {
-		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE datname = current_database() AND wait_event = 'advisory' AND query = $1`, sqlGrant).Scan(&n)
-		return err == nil && n > 0
+		return grantRunning(t, ctx, pool, "advisory") > 0
 	})
 
 	err = newClient(t, pool, WithForceReleaseTimeout(500*time.Millisecond)).ForceRelease(ctx, "job")

@@ -37,10 +37,7 @@ func TestGrantAfterWaitKeepsItsTTL(t *testing.T) {
 		took <- result{l, err}
 	}()
 	pgtest.WaitFor(t, testTimeout, "the takeover to wait for the fence lock", func() bool {
-		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE datname = current_database() AND wait_event = 'advisory' AND query = $1`, sqlGrant).Scan(&n)
-		return err == nil && n > 0
+		return grantRunning(t, ctx, pool, "advisory") > 0
 	})
 	// The fenced transaction stays open for longer than the new grant's
 	// TTL: the scenario, not a synchronisation.
@@ -70,17 +67,7 @@ func TestGrantAfterWaitKeepsItsTTL(t *testing.T) {
 	if !errors.Is(l.Err(), ErrLost) {
 		t.Fatalf("Err = %v, want ErrLost at the local deadline", l.Err())
 	}
-	var before bool
-	var ahead time.Duration
-	err = pool.QueryRow(ctx, `SELECT clock_timestamp() < expires_at, expires_at - clock_timestamp()
-		FROM pgfence.leases WHERE name = $1 AND fence = $2`, l.Name(), l.Fence()).Scan(&before, &ahead)
-	if err != nil {
-		t.Fatalf("read the grant: %v", err)
-	}
-	if !before {
-		t.Errorf("context done after the server's expires_at (by %s)", -ahead)
-	}
-	t.Logf("context done %s before the server's expiry (margin %s)", ahead, margin(ttl))
+	doneBeforeExpiry(t, ctx, pool, l)
 }
 
 // grantStart adds the server's wait to the time the request was sent, and
