@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -193,9 +195,38 @@ func printLocks(cmd *cobra.Command, locks []lockRow) error {
 	return tw.Flush()
 }
 
-// quoteLiteral quotes s as an SQL string literal for display.
+// quoteLiteral quotes s as an SQL string literal to print for pasting into
+// psql: a standard literal when every character of s prints, else an
+// escape string (E'...').
 func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	if printable(s) {
+		return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	}
+	// An escape string: a character that would act on the terminal (an
+	// escape sequence, a newline) or not show (U+200B) is written as its
+	// code, so that what is printed reads as the name and still computes
+	// its key when pasted into psql.
+	var b strings.Builder
+	b.WriteString("E'")
+	for _, r := range s {
+		switch {
+		case r == '\\' || r == '\'':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < utf8.RuneSelf && unicode.IsPrint(r):
+			b.WriteRune(r)
+		case r < utf8.RuneSelf:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case unicode.IsPrint(r) && r != unicode.ReplacementChar:
+			b.WriteRune(r)
+		case r <= 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			fmt.Fprintf(&b, `\U%08x`, r)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
 }
 
 // takeLock takes the advisory lock of run --lock: waiting, or with

@@ -4,10 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/pglock"
 )
 
 // Bad input exits 2 with a message naming the problem, before connecting:
@@ -165,5 +167,55 @@ func TestNotMigrated(t *testing.T) {
 	}
 	if n != 0 {
 		t.Errorf("%d pgfence schemas created in an unmigrated database", n)
+	}
+}
+
+// `locks key` prints a name the terminal would act on (an escape
+// sequence, a newline, an invisible character) as an escaped literal, and
+// the psql it prints still computes the name's key: pasted into psql, it
+// takes the very lock pglock takes.
+func TestLocksKeyEscapesUnprintableNames(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	for _, name := range []string{
+		"ops/reindex",
+		"it's",
+		`back\slash`,
+		"\x1b[2Jcleared",
+		"two\nlines",
+		"tab\there",
+		"zero\u200bwidth",
+		"bell\a and 'quote' and \\",
+	} {
+		r := cli(t, cliEnv(), "locks", "key", name)
+		if r.code != 0 {
+			t.Fatalf("locks key %q: exit %d, stderr %q", name, r.code, r.stderr)
+		}
+		lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+		if len(lines) != 3 {
+			t.Errorf("locks key %q printed %d lines, want 3:\n%s", name, len(lines), r.stdout)
+			continue
+		}
+		if i := strings.IndexFunc(r.stdout, func(c rune) bool { return c != '\n' && !unicode.IsPrint(c) }); i >= 0 {
+			t.Errorf("locks key %q printed the unprintable %q:\n%q", name, []rune(r.stdout[i:])[0], r.stdout)
+		}
+		expr, ok := strings.CutPrefix(lines[1], "psql: SELECT ")
+		expr, _, found := strings.Cut(expr, ";  --")
+		if !ok || !found {
+			t.Errorf("locks key %q: second line %q is not the lock_key query", name, lines[1])
+			continue
+		}
+		var key int64
+		if err := conn.QueryRow(ctx, "SELECT "+expr).Scan(&key); err != nil {
+			t.Errorf("locks key %q: its psql %q fails: %v", name, expr, err)
+		} else if key != pglock.Key(name) {
+			t.Errorf("locks key %q: its psql %q computes %d, want %d", name, expr, key, pglock.Key(name))
+		}
 	}
 }
