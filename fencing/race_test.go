@@ -122,17 +122,23 @@ func takeoverRace(t *testing.T, prepare func(*pgxpool.Pool)) {
 		t.Fatalf("%d results recorded, want %d", committed+rejected, iterations)
 	}
 	// Both outcomes must occur, or the test proved nothing about the race.
-	// A writes 0-40ms into a 30ms lease, so roughly half its writes land in
-	// time and half after expiry even on a slow, loaded machine.
+	// A writes 0-200ms into a 150ms lease, so roughly half its writes land
+	// in time and half after expiry even on a slow, loaded machine (with a
+	// 30ms lease, a loaded CI machine once saw none of A's 120 writes land
+	// in time: its grant and BEGIN took longer than the lease).
 	if committed == 0 || rejected == 0 {
 		t.Fatalf("only one outcome occurred (committed %d, rejected %d): the race was not exercised", committed, rejected)
 	}
 }
 
+// raceTTL is A's lease in the race: A's write and commit land before and
+// after its expiry.
+const raceTTL = 150 * time.Millisecond
+
 // raceOnce runs one iteration on its own lease and row, and records it.
 func raceOnce(ctx context.Context, pool *pgxpool.Pool, i int) error {
 	name := fmt.Sprintf("race-%d", i)
-	a, ok, err := tryGrant(ctx, pool, name, 30*time.Millisecond)
+	a, ok, err := tryGrant(ctx, pool, name, raceTTL)
 	if err != nil || !ok {
 		return fmt.Errorf("grant A: ok=%v: %w", ok, err)
 	}
@@ -143,14 +149,14 @@ func raceOnce(ctx context.Context, pool *pgxpool.Pool, i int) error {
 		bSawA      bool
 	)
 	wg.Go(func() {
-		// A pauses before writing (0-40ms), then holds its transaction
-		// open (0-40ms) — both can outlast the 30ms lease.
-		time.Sleep(time.Duration(i%5) * 10 * time.Millisecond)
+		// A pauses before writing (0-200ms), then holds its transaction
+		// open (0-200ms) — both can outlast the lease.
+		time.Sleep(time.Duration(i%5) * raceTTL / 3)
 		aErr = fencing.InTx(ctx, pool, a, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, upsertItem, i, "A"); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, float64(i%3)*0.02)
+			_, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, (time.Duration(i%3) * raceTTL * 2 / 3).Seconds())
 			return err
 		})
 	})
