@@ -122,7 +122,9 @@
 // rejection it returns on the counter pgfence.fenced_writes.rejected (unit
 // {write}, attribute reason = stale for ErrStale, no_token for
 // ErrNoToken), and runs in a span pgfence.fenced_tx (attributes
-// pgfence.lease.name and pgfence.lease.fence).
+// pgfence.lease.name and pgfence.lease.fence), whose status is an error
+// when InTx returns one, and when fn panics (the transaction is rolled
+// back and the panic goes on).
 //
 // The providers are set as in pglock and leases, with WithMeterProvider
 // and WithTracerProvider, defaulting to the global ones; but the package

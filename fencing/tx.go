@@ -2,6 +2,7 @@ package fencing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -185,9 +186,8 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 }
 
 // inTx is InTx and InDBTx over a transaction of type T: it checks fn and
-// ctx, then, in the span, begins with begin, runs fn and commits, rolling
-// back (abort) on any failure or panic, and classifies and counts what is
-// rejected.
+// ctx, then runs runTx in the span, which ends with runTx's error, or
+// with errNotReturned if runTx panicked.
 func inTx[T any](ctx context.Context, tok Token, fn func(tx T) error, opts []Option,
 	begin func(ctx context.Context) (T, error), commit func(ctx context.Context, tx T) error,
 	abort func(ctx context.Context, tx T)) (err error) {
@@ -202,7 +202,31 @@ func inTx[T any](ctx context.Context, tok Token, fn func(tx T) error, opts []Opt
 		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
 	}
 	ctx, span := tr.Start(ctx, spanFencedTx, tok.Lease, tok.Fence)
-	defer func() { span.End(0, err) }()
+	returned := false
+	defer func() {
+		if !returned { // fn (or the driver) panicked: rolled back, the panic goes on
+			span.End(0, errNotReturned)
+			return
+		}
+		span.End(0, err)
+	}()
+	err = runTx(ctx, tok, fn, rejected, begin, commit, abort)
+	returned = true
+	return err
+}
+
+// errNotReturned is the error of the span of an InTx or InDBTx that did
+// not return: fn panicked (or called runtime.Goexit), and the transaction
+// was rolled back. It is not recovered, so the panic value is not known
+// here; recovering to read it would lose the panic's stack.
+var errNotReturned = errors.New("fencing: fn panicked; the transaction was rolled back")
+
+// runTx is inTx inside its span: it begins with begin, runs fn and
+// commits, rolling back (abort) on any failure or panic, and classifies
+// and counts what is rejected.
+func runTx[T any](ctx context.Context, tok Token, fn func(tx T) error, rejected *rejectedCounter,
+	begin func(ctx context.Context) (T, error), commit func(ctx context.Context, tx T) error,
+	abort func(ctx context.Context, tx T)) error {
 	tx, err := begin(ctx)
 	if err != nil {
 		return err
