@@ -22,13 +22,21 @@ import (
 // (ErrHandoverTimeout), never forced.
 
 // handoverLocked ends l's context with cause ErrHandover, once, when a
-// renewal reported a hand-over request. c.mu held.
-func (c *Client) handoverLocked(l *Lease) {
+// renewal reported a hand-over request, and reports whether it did; the
+// caller then logs it (steppingDown) once c.mu is released. c.mu held.
+func (c *Client) handoverLocked(l *Lease) bool {
 	if l.handover || l.state != stateHeld {
-		return
+		return false
 	}
 	l.handover = true
 	l.cancel(fmt.Errorf("leases: lease %q (fence %d): %w", l.name, l.fence, ErrHandover))
+	return true
+}
+
+// steppingDown logs that l's holder was asked to hand it over. Never
+// under c.mu: a log handler that stalls must not hold up the keepalive's
+// bookkeeping nor the deadlines of the other leases.
+func (c *Client) steppingDown(l *Lease) {
 	c.log.Info("leases: hand-over requested; stepping down", "name", l.name, "owner", l.owner, "fence", l.fence)
 }
 

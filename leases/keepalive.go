@@ -400,7 +400,7 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 		}
 	}
 	buf.took(n, time.Since(reqStart))
-	var lost []*Lease
+	var lost, asked []*Lease
 	c.mu.Lock()
 	c.batchLocked(len(results))
 	for _, r := range results {
@@ -413,8 +413,8 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 		case r.expiresAt.Valid:
 			c.m.recordRenewal(name, renewRenewed)
 			c.renewedLocked(l, reqStart, r.expiresAt.Time)
-			if r.handover {
-				c.handoverLocked(l)
+			if r.handover && c.handoverLocked(l) {
+				asked = append(asked, l)
 			}
 		case r.busy:
 			c.m.recordRenewal(name, renewBusy)
@@ -426,6 +426,9 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	}
 	c.endBatchLocked()
 	c.mu.Unlock()
+	for _, l := range asked {
+		c.steppingDown(l)
+	}
 	for _, l := range lost {
 		c.lose(l, why, l.goneErr("renew"), false)
 	}

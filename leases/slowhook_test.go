@@ -1,0 +1,75 @@
+package leases
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// stallingHandler is a slog.Handler whose Handle blocks, for records whose
+// message contains match, until release is closed: a log sink that stalls
+// (a full pipe, a slow network shipper).
+type stallingHandler struct {
+	match   string
+	stalled chan struct{} // closed when a matching record first blocks
+	release chan struct{}
+	once    *sync.Once
+}
+
+func newStallingHandler(match string) stallingHandler {
+	return stallingHandler{match: match, stalled: make(chan struct{}), release: make(chan struct{}), once: new(sync.Once)}
+}
+
+func (h stallingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h stallingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h stallingHandler) WithGroup(string) slog.Handler            { return h }
+func (h stallingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.once.Do(func() { close(h.stalled) })
+		<-h.release
+	}
+	return nil
+}
+
+// A log handler that stalls must not hold the Client's lock: the deadline
+// rule (a lease's Context ends at its local deadline, before anyone else
+// can be granted it) must hold for the Client's other leases however long
+// a log call takes. The keepalive logs the hand-over request it finds in a
+// renewal; with that call stuck, nothing renews the other lease, whose
+// Context must then end at its local deadline.
+func TestStalledLoggerKeepsDeadlines(t *testing.T) {
+	t.Parallel()
+	h := newStallingHandler("hand-over requested; stepping down")
+	c, pool := setup(t, WithLogger(slog.New(h)), WithNotifications(false))
+	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the keepalive
+	ctx := testContext(t)
+
+	asked, err := c.TryAcquire(ctx, "asked", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.TryAcquire(ctx, "other", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT * FROM pgfence.request_handover($1)`, asked.Name()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.stalled: // the keepalive found the request (within TTL/3) and logs it
+	case <-ctx.Done():
+		t.Fatal("the keepalive did not log the hand-over request")
+	}
+	// Nothing renews other while the keepalive is stuck in the log call:
+	// its Context must end by its local deadline (TTL − TTL/10 after its
+	// last renewal, so within 2.7s). 15s leaves a loaded machine room.
+	select {
+	case <-other.Done():
+	case <-time.After(15 * time.Second):
+		// (Not ExpiresAt, which takes the lock the log call may hold.)
+		t.Fatalf("lease %q still looks held 15s into a stalled log call, past its TTL of 3s", other.Name())
+	}
+}
