@@ -8,7 +8,7 @@ import (
 
 // Local deadlines. Every held lease has one: the start of the request of
 // its last successful grant or renewal + TTL − margin; if it passes before
-// a renewal succeeds, the lease is lost (onDeadline). The Client keeps its
+// a renewal succeeds, the lease is lost (deadlineLoss). The Client keeps its
 // held leases in a min-heap by deadline and runs one timer, for the
 // earliest, or for a second from now if that is sooner (wallCheck).
 // Grants, renewals and releases change the heap, not the timer: it is
@@ -167,9 +167,13 @@ func (c *Client) onDeadlines() {
 		c.armLocked(c.dl.h[0].at)
 	}
 	c.mu.Unlock()
+	lost := make([]loss, 0, len(due))
 	for _, l := range due {
-		c.onDeadline(l)
+		if x, ok := c.deadlineLoss(l); ok {
+			lost = append(lost, x)
+		}
 	}
+	c.loseAll(lost, true)
 }
 
 // passedLocked reports whether deadline d has passed at now by either

@@ -83,26 +83,56 @@ func (c *Client) dropLocked(l *Lease) {
 // keepalive expires it so that waiters need not wait for the server's
 // expiry.
 func (c *Client) lose(l *Lease, why lostCause, cause error, orphan bool) {
-	c.mu.Lock()
-	if l.state != stateHeld {
-		c.mu.Unlock()
+	c.loseAll([]loss{{l, why, cause}}, orphan)
+}
+
+// A loss is a lease to lose, why and with what cause, as lose says.
+type loss struct {
+	l     *Lease
+	why   lostCause
+	cause error
+}
+
+// loseAll is lose for several leases found lost together. Every one is
+// lost, its Context ended and its local waiters woken before anything is
+// logged: the log handler is the application's, and one that stalls (a
+// full pipe, a slow shipper) must not keep a lease that is no longer safely
+// held looking held. Those no longer held are skipped.
+func (c *Client) loseAll(ls []loss, orphan bool) {
+	if len(ls) == 0 {
 		return
 	}
-	l.state = stateLost
-	c.dropLocked(l)
-	// Recorded before the context ends, so that whoever sees it done sees
-	// them.
+	c.mu.Lock()
 	end := time.Now()
-	c.m.recordHold(l, true, end)
-	c.m.recordLost(l.name, why)
-	l.endLocked(cause)
-	if orphan {
-		c.orphanLocked(l)
+	n := 0
+	for _, x := range ls {
+		l := x.l
+		if l.state != stateHeld {
+			continue
+		}
+		l.state = stateLost
+		c.dropLocked(l)
+		// Recorded before the context ends, so that whoever sees it done
+		// sees them.
+		c.m.recordHold(l, true, end)
+		c.m.recordLost(l.name, x.why)
+		l.endLocked(x.cause)
+		if orphan {
+			c.orphanLocked(l)
+		}
+		ls[n] = x
+		n++
 	}
 	c.mu.Unlock()
-	c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
-		"cause", lostCauseNames[why], "held", end.Sub(l.since), "err", cause)
-	c.wakeQueue(l.queue())
+	ls = ls[:n]
+	for _, x := range ls {
+		c.wakeQueue(x.l.queue())
+	}
+	for _, x := range ls {
+		l := x.l
+		c.log.Warn("leases: lease lost", "name", l.name, "owner", l.owner, "fence", l.fence,
+			"cause", lostCauseNames[x.why], "held", end.Sub(l.since), "err", x.cause)
+	}
 }
 
 // orphanLocked hands l's grant, which may still be ours though l is no
@@ -117,10 +147,10 @@ func (c *Client) orphanLocked(l *Lease) {
 	c.kickKeepalive()
 }
 
-// onDeadline loses l, taken off the deadline heap by onDeadlines, unless
-// it is gone or its deadline has moved since (whatever moves it,
-// setDeadlineLocked, put it back on the heap).
-func (c *Client) onDeadline(l *Lease) {
+// deadlineLoss is the loss of l, taken off the deadline heap by
+// onDeadlines, or false if it is gone or its deadline has moved since
+// (whatever moves it, setDeadlineLocked, put it back on the heap).
+func (c *Client) deadlineLoss(l *Lease) (loss, bool) {
 	c.mu.Lock()
 	now := time.Now()
 	stale := l.state != stateHeld || !c.passedLocked(now, l.deadline)
@@ -131,10 +161,10 @@ func (c *Client) onDeadline(l *Lease) {
 	ttl := l.ttl
 	c.mu.Unlock()
 	if stale {
-		return
+		return loss{}, false
 	}
-	c.lose(l, lostDeadline, fmt.Errorf("leases: lease %q (fence %d): %s (TTL %s − margin %s): %w",
-		l.name, l.fence, why, ttl, margin(ttl), ErrLost), true)
+	return loss{l, lostDeadline, fmt.Errorf("leases: lease %q (fence %d): %s (TTL %s − margin %s): %w",
+		l.name, l.fence, why, ttl, margin(ttl), ErrLost)}, true
 }
 
 func (c *Client) kickKeepalive() {
@@ -429,9 +459,11 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	for _, l := range asked {
 		c.steppingDown(l)
 	}
-	for _, l := range lost {
-		c.lose(l, why, l.goneErr("renew"), false)
+	losses := make([]loss, len(lost))
+	for i, l := range lost {
+		losses[i] = loss{l, why, l.goneErr("renew")}
 	}
+	c.loseAll(losses, false)
 	return again
 }
 

@@ -73,3 +73,75 @@ func TestStalledLoggerKeepsDeadlines(t *testing.T) {
 		t.Fatalf("lease %q still looks held 15s into a stalled log call, past its TTL of 3s", other.Name())
 	}
 }
+
+// Leases lost together are all lost before anything is logged: a log call
+// that stalls on the first loss must not leave the next lease's Context
+// open past its deadline. Both leases pass their deadlines in one check
+// (the wall clock moved past them, as after a suspend).
+func TestStalledLoggerLosesEveryLease(t *testing.T) {
+	t.Parallel()
+	h := newStallingHandler("leases: lease lost")
+	c, _ := setup(t, WithLogger(slog.New(h)))
+	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the deadline timer
+	freeze(c)
+	ctx := testContext(t)
+	var held []*Lease
+	for _, name := range []string{"first", "second"} {
+		l, err := c.TryAcquire(ctx, name, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+	}
+	c.mu.Lock()
+	c.hooks.wallSkew = 2 * time.Hour
+	c.mu.Unlock()
+	// The wall clock is checked every second (wallCheck); fifteen leave
+	// a loaded machine room.
+	for _, l := range held {
+		select {
+		case <-l.Done():
+		case <-time.After(15 * wallCheck):
+			t.Fatalf("lease %q still looks held %s after the wall clock passed its deadline, while a log call stalls",
+				l.Name(), 15*wallCheck)
+		}
+	}
+}
+
+// The same for leases that one batched renewal finds gone: every one is
+// lost when the renewal finds it gone, not only the first, the others
+// waiting for their local deadlines while the first loss's log call
+// stalls.
+func TestStalledLoggerLosesEveryRenewal(t *testing.T) {
+	t.Parallel()
+	const ttl = 15 * time.Second // renewed after 5s; local deadline 13.5s
+	h := newStallingHandler("leases: lease lost")
+	c, pool := setup(t, WithLogger(slog.New(h)), WithNotifications(false))
+	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the keepalive
+	ctx := testContext(t)
+	granted := time.Now()
+	var held []*Lease
+	for _, name := range []string{"first", "second"} {
+		l, err := c.TryAcquire(ctx, name, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+	}
+	// Both grants end behind the holder's back (the test owns the table);
+	// the keepalive's next batched renewal, TTL/3 after the grants, finds
+	// neither.
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET expires_at = clock_timestamp() WHERE name IN ('first', 'second')`); err != nil {
+		t.Fatal(err)
+	}
+	// Both must end with that renewal (5s), well before their local
+	// deadlines (13.5s), which would end them in any case: 11s leaves a
+	// loaded machine 6s for the renewal.
+	for _, l := range held {
+		select {
+		case <-l.Done():
+		case <-time.After(time.Until(granted.Add(11 * time.Second))):
+			t.Fatalf("lease %q still looks held 11s after its grant, though the renewal at 5s found it gone, while a log call stalls", l.Name())
+		}
+	}
+}
