@@ -66,24 +66,33 @@ func (c *Client) wantedLocked(name string) bool {
 // re-registers every name when it has reconnected. The server bounds the
 // wait for the key (interestLockTimeout) without closing anything.
 func (c *Client) want(ctx context.Context, name string) {
+	if err := c.wantKey(ctx, name); err != nil {
+		// Logged once c.imu is released: a log handler that stalls must
+		// not hold up the other waiters' registrations.
+		c.log.Debug("leases: could not register as waiter; polling", "name", name, "err", err)
+	}
+}
+
+// wantKey is want, holding c.imu; it returns the statement's error.
+func (c *Client) wantKey(ctx context.Context, name string) error {
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	if c.in.conn == nil {
-		return
+		return nil
 	}
 	if _, ok := c.in.held[name]; ok {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, interestTimeout)
 	defer cancel()
 	if _, err := c.in.conn.Exec(ctx, sqlWant, []int32{waitKey(name)}); err != nil {
-		c.log.Debug("leases: could not register as waiter; polling", "name", name, "err", err)
 		if c.in.conn.IsClosed() {
 			c.in.lost(errInterestLost)
 		}
-		return
+		return err
 	}
 	c.in.held[name] = struct{}{}
+	return nil
 }
 
 // unwantLater drops name's wait key in the background once nobody in this

@@ -145,3 +145,57 @@ func TestStalledLoggerLosesEveryRenewal(t *testing.T) {
 		}
 	}
 }
+
+// A waiter that could not register its interest logs that at Debug; a log
+// handler that stalls there must not hold up the registration, and so the
+// Acquire, of a waiter for another name.
+func TestStalledLoggerLetsOthersRegister(t *testing.T) {
+	t.Parallel()
+	h := newStallingHandler("could not register as waiter")
+	c, pool := setup(t, WithLogger(slog.New(h)))
+	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the waiters
+	ctx := testContext(t)
+	waitListening(t, c)
+	// Another session holds "blocked"'s wait key exclusively: a waiter's
+	// registration waits for it until the server's lock_timeout
+	// (interestLockTimeout, 2s), fails, and is logged.
+	blocker, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Release()
+	if _, err := blocker.Exec(ctx, `SELECT pg_advisory_lock(1885824613, $1)`, waitKey("blocked")); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// Its error is beside the point: it ends when the test does.
+		if l, err := c.Acquire(ctx, "blocked", time.Minute); err == nil {
+			_ = l.Release(context.Background())
+		}
+	}()
+	select {
+	case <-h.stalled:
+	case <-ctx.Done():
+		t.Fatal("the failed registration was not logged")
+	}
+	// A free name is granted at once: its waiter registers first (want,
+	// before the attempt). 10s leaves a loaded machine room.
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		l, err := c.Acquire(actx, "free", time.Minute)
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Acquire of a free name: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Acquire of a free name, with a 10s deadline, has not returned in 15s while another waiter's log call stalls")
+	}
+}
