@@ -225,8 +225,9 @@ func (lk *Lock) monitorDB() {
 				<-pinged
 				lk.l.discard(sc, lk.label, lk.pid, "lock lost")
 			}()
-			lk.l.tel.lost(lk, lostLivenessFailed, ctx.Err())
+			end := lk.l.tel.lost(lk, lostLivenessFailed) // before the context ends, logged after it
 			lk.cancel(ErrLost)
+			lk.l.tel.logLost(lk, lostLivenessFailed, ctx.Err(), end)
 			cancel()
 			return
 		}

@@ -191,28 +191,41 @@ func (lk *Lock) unlock(ctx context.Context) error {
 		// The session was gone before the unlock reached it (terminated,
 		// or its connection broken) and the monitor had not seen it yet:
 		// the lock was lost, nobody knows when.
-		lk.drop("session gone at unlock")
-		lk.l.tel.lost(lk, lostSessionEnded, err)
-		lk.cancel(ErrLost)
+		lk.loseAt("session gone at unlock", lostSessionEnded, err)
 		return lk.opErr("unlock", fmt.Errorf("%w: %w", ErrLost, err))
 	case err != nil:
-		lk.drop("unlock failed")
-		lk.l.tel.unlocked(lk)
+		lk.drop()
+		end := lk.l.tel.unlocked(lk)
 		lk.cancel(ErrUnlocked)
+		lk.l.tel.destroyed(lk.label, lk.pid, "unlock failed")
+		lk.l.tel.logUnlocked(lk, end)
 		return lk.opErr("unlock", err) // the connection was closed, which released the lock
 	case !released:
 		// The session did not hold the lock (or one of the set):
 		// something outside pglock released it. Nobody can trust what
 		// this session holds.
-		lk.drop("unlock returned false")
-		lk.l.tel.lost(lk, lostNotHeld, nil)
-		lk.cancel(ErrLost)
+		lk.loseAt("unlock returned false", lostNotHeld, nil)
 		return lk.opErr("unlock", ErrLost)
 	}
 	lk.giveBack()
-	lk.l.tel.unlocked(lk)
+	end := lk.l.tel.unlocked(lk)
 	lk.cancel(ErrUnlocked)
+	lk.l.tel.logUnlocked(lk, end) // after: see telemetry.lost
 	return nil
+}
+
+// loseAt ends the hold because the session is gone or its lock state is
+// in doubt (why, for the log): it closes the session, records the loss
+// (for reason cause, shown by err if not nil) and ends the Lock's
+// context with ErrLost, then logs all of it. The logs come last: the
+// handler is the application's, and one that stalls must not keep a lost
+// lock looking held (telemetry.lost).
+func (lk *Lock) loseAt(why string, cause lostCause, err error) {
+	lk.drop()
+	end := lk.l.tel.lost(lk, cause) // before the context ends: whoever sees Done sees the metrics
+	lk.cancel(ErrLost)
+	lk.l.tel.destroyed(lk.label, lk.pid, why)
+	lk.l.tel.logLost(lk, cause, err, end)
 }
 
 // statementError reports whether err is an error of the statement that a
@@ -233,16 +246,17 @@ func (lk *Lock) session() dbx.Querier {
 }
 
 // drop closes the pinned session, which releases every session lock it
-// holds, because its lock state is in doubt; the Lock has none after.
-func (lk *Lock) drop(why string) {
+// holds, because its lock state is in doubt; the Lock has none after. The
+// caller logs it (telemetry.destroyed) once the Lock's context has ended.
+func (lk *Lock) drop() {
 	if sc := lk.sc; sc != nil {
 		lk.sc = nil
-		lk.l.discard(sc, lk.label, lk.pid, why)
+		dbx.Discard(sc)
 		return
 	}
 	conn := lk.conn
 	lk.conn = nil
-	lk.l.destroy(conn, lk.label, why)
+	dbx.Destroy(conn) // the socket too: see there
 }
 
 // giveBack returns the pinned session to its pool; the Lock has none

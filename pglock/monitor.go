@@ -134,9 +134,7 @@ func (lk *Lock) stopMonitor() {
 // connection, records the loss and ends the Lock's context. Only the
 // monitor calls it, while it owns the connection.
 func (lk *Lock) lose(why lostCause, err error) {
-	lk.drop("lock lost")
-	lk.l.tel.lost(lk, why, err) // before the context ends: whoever sees Done sees the metrics
-	lk.cancel(ErrLost)
+	lk.loseAt("lock lost", why, err)
 }
 
 func isTimeout(err error) bool {

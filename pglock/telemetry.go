@@ -31,14 +31,21 @@ func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.
 	}
 }
 
-// unlocked records the end of lk's hold by Unlock.
-func (t *telemetry) unlocked(lk *Lock) {
+// unlocked records the end of lk's hold by Unlock, and returns when it
+// ended, for logUnlocked. It calls no log handler: the caller logs once
+// lk's Context has ended (see lost).
+func (t *telemetry) unlocked(lk *Lock) time.Time {
 	now := time.Now()
 	t.m.recordHeld(lk.shared, -1)
 	t.m.recordHold(lk.label, lk.shared, false, lk.since, now)
+	return now
+}
+
+// logUnlocked logs the end of lk's hold by Unlock at end.
+func (t *telemetry) logUnlocked(lk *Lock, end time.Time) {
 	if t.log.Enabled(context.Background(), slog.LevelDebug) {
 		t.log.Debug("pglock: lock released", slog.String("name", lk.label), lk.keyAttr(),
-			slog.String("mode", modeName(lk.shared)), slog.Duration("held", now.Sub(lk.since)))
+			slog.String("mode", modeName(lk.shared)), slog.Duration("held", end.Sub(lk.since)))
 	}
 }
 
@@ -49,16 +56,25 @@ func (t *telemetry) unlockFailed(lk *Lock, err error) {
 		slog.String("name", lk.label), lk.keyAttr(), slog.Any("err", err))
 }
 
-// lost records the end of lk's hold by loss, for reason why (err, if not
-// nil, is what showed it).
-func (t *telemetry) lost(lk *Lock, why lostCause, err error) {
+// lost records the end of lk's hold by loss, for reason why, and returns
+// when it ended, for logLost. The metrics are recorded before lk's Context
+// ends, so that whoever sees it done sees them; the log is written after
+// (logLost): the handler is the application's, and one that stalls (a
+// full pipe, a slow shipper) must not keep a lost lock looking held.
+func (t *telemetry) lost(lk *Lock, why lostCause) time.Time {
 	now := time.Now()
 	t.m.recordHeld(lk.shared, -1)
 	t.m.recordHold(lk.label, lk.shared, true, lk.since, now)
 	t.m.recordLost(lk.label, lk.shared, why)
+	return now
+}
+
+// logLost logs the loss of lk at end, for reason why (err, if not nil, is
+// what showed it).
+func (t *telemetry) logLost(lk *Lock, why lostCause, err error, end time.Time) {
 	attrs := []any{
 		slog.String("name", lk.label), lk.keyAttr(), slog.Uint64("pid", uint64(lk.pid)),
-		slog.String("cause", lostCauseNames[why]), slog.Duration("held", now.Sub(lk.since)),
+		slog.String("cause", lostCauseNames[why]), slog.Duration("held", end.Sub(lk.since)),
 	}
 	if err != nil {
 		attrs = append(attrs, slog.Any("err", err))

@@ -1,0 +1,101 @@
+package pglock
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// stallingHandler is a slog.Handler whose Handle blocks, for records whose
+// message contains match, until release is closed: a log sink that stalls
+// (a full pipe, a slow network shipper).
+type stallingHandler struct {
+	match   string
+	stalled chan struct{} // closed when a matching record first blocks
+	release chan struct{}
+	once    *sync.Once
+}
+
+func newStallingHandler(match string) stallingHandler {
+	return stallingHandler{match: match, stalled: make(chan struct{}), release: make(chan struct{}), once: new(sync.Once)}
+}
+
+func (h stallingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h stallingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h stallingHandler) WithGroup(string) slog.Handler            { return h }
+func (h stallingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) {
+		h.once.Do(func() { close(h.stalled) })
+		<-h.release
+	}
+	return nil
+}
+
+// A lost lock's Context ends before the loss is logged: a log handler
+// that stalls must not keep a lock whose session is gone (and whose
+// advisory lock another session may hold already) looking held. Over pgx
+// the monitor finds the session gone; over database/sql its liveness
+// query does.
+func TestStalledLoggerStillEndsLostLock(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"pgx", "database/sql"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			h := newStallingHandler("pglock: lock lost")
+			pool := newPool(t, pgtest.URL(t), 4)
+			var l *Locker
+			if driver == "pgx" {
+				l = newLocker(t, pool, WithLogger(slog.New(h)))
+			} else {
+				l = dbLockerWith(t, pool, WithLogger(slog.New(h)))
+			}
+			t.Cleanup(func() { close(h.release) }) // before the pool closes
+			watching := watchStarts(l)
+			ctx := testContext(t)
+			lk, err := l.Lock(ctx, "victim")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if driver == "pgx" {
+				awaitWatch(t, watching)
+			}
+			var ok bool
+			if err := pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, int32(lk.pid)).Scan(&ok); err != nil || !ok {
+				t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+			}
+			// Loss is noticed within about a second over pgx, within the
+			// liveness interval + timeout (1s + 3s) over database/sql;
+			// 15s leaves a loaded machine room.
+			select {
+			case <-lk.Done():
+			case <-time.After(15 * time.Second):
+				t.Fatal("the Lock's Context is still open 15s after its backend was terminated, while a log call stalls")
+			}
+			select {
+			case <-h.stalled: // the loss was logged, after the Context ended
+			case <-time.After(15 * time.Second):
+				t.Error("the loss was not logged")
+			}
+		})
+	}
+}
+
+// dbLockerWith is a Locker over database/sql, on pool's database, with opts.
+func dbLockerWith(t *testing.T, pool *pgxpool.Pool, opts ...Option) *Locker {
+	t.Helper()
+	db := stdlib.OpenDB(*pool.Config().ConnConfig.Copy())
+	t.Cleanup(func() { _ = db.Close() })
+	l, err := NewDB(db, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
