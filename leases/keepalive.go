@@ -456,14 +456,14 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	}
 	c.endBatchLocked()
 	c.mu.Unlock()
-	for _, l := range asked {
-		c.steppingDown(l)
-	}
 	losses := make([]loss, len(lost))
 	for i, l := range lost {
 		losses[i] = loss{l, why, l.goneErr("renew")}
 	}
-	c.loseAll(losses, false)
+	c.loseAll(losses, false) // first: the logs below must not delay a loss
+	for _, l := range asked {
+		c.steppingDown(l)
+	}
 	return again
 }
 

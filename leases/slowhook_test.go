@@ -199,3 +199,39 @@ func TestStalledLoggerLetsOthersRegister(t *testing.T) {
 		t.Fatal("Acquire of a free name, with a 10s deadline, has not returned in 15s while another waiter's log call stalls")
 	}
 }
+
+// A renewal that finds one lease asked to hand over and another gone ends
+// the gone one before it logs the request: a log call that stalls on the
+// request must not keep the lost lease looking held.
+func TestStalledHandoverLogLosesRenewal(t *testing.T) {
+	t.Parallel()
+	const ttl = 15 * time.Second // renewed after 5s; local deadline 13.5s
+	h := newStallingHandler("hand-over requested; stepping down")
+	c, pool := setup(t, WithLogger(slog.New(h)), WithNotifications(false))
+	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the keepalive
+	ctx := testContext(t)
+	granted := time.Now()
+	if _, err := c.TryAcquire(ctx, "asked", ttl); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := c.TryAcquire(ctx, "gone", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One grant is asked to hand over, the other ends behind the holder's
+	// back (the test owns the table); the keepalive's next batched
+	// renewal, TTL/3 after the grants, finds both.
+	if _, err := pool.Exec(ctx, `SELECT * FROM pgfence.request_handover('asked')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.leases SET expires_at = clock_timestamp() WHERE name = 'gone'`); err != nil {
+		t.Fatal(err)
+	}
+	// It must end with that renewal (5s), well before its local deadline
+	// (13.5s): 11s leaves a loaded machine 6s for the renewal.
+	select {
+	case <-gone.Done():
+	case <-time.After(time.Until(granted.Add(11 * time.Second))):
+		t.Fatalf("lease %q still looks held 11s after its grant, though the renewal at 5s found it gone, while the log of a hand-over request stalls", gone.Name())
+	}
+}
