@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,8 +23,10 @@ import (
 // Ordering makes it safe. The head waiter takes the key before its first
 // attempt, so a release either precedes the attempt (which then sees the
 // lease free) or finds the key held and notifies. The listener takes the
-// keys of every wanted name whenever it (re)connects, and then wakes every
-// waiter, as it did before. Without a listener nothing is taken: waiters
+// keys of every wanted name whenever it (re)connects — trying each, so
+// that one held exclusively by someone else delays no other name — and
+// then wakes every waiter, as it did before; a waiter whose key it could
+// not take takes it before its next attempt. Without a listener nothing is taken: waiters
 // poll. Keys are dropped lazily, by a goroutine, once a name has neither
 // waiters nor observers; a key held a little too long costs a spurious
 // notification, nothing more.
@@ -156,14 +159,29 @@ func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn, lost context
 	if _, err := conn.Exec(ctx, `SET lock_timeout = '`+interestLockTimeout+`'`); err != nil {
 		return dbError("listener: set lock_timeout", err)
 	}
-	if _, err := conn.Exec(ctx, sqlWant, keys); err != nil {
+	// Tried, not waited for: a key held exclusively — by a release, for
+	// the instant of its commit, or by any role for as long as it likes —
+	// must not fail the listener, which would leave every name of this
+	// client to polling. A name whose key was not taken is left out of
+	// held: its waiters take it before their next attempt (want, which
+	// waits at most interestLockTimeout), after the listener has woken
+	// them all; its observers poll (WithPollInterval) until a
+	// reconnection takes it. Only that name is slowed.
+	rows, err := conn.Query(ctx, sqlWantTry, keys)
+	if err != nil {
+		return dbError("listener: register waiters", err)
+	}
+	missed, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
 		return dbError("listener: register waiters", err)
 	}
 	c.in.conn = conn
 	c.in.lost = lost
 	c.in.held = make(map[string]struct{}, len(names))
-	for _, name := range names {
-		c.in.held[name] = struct{}{}
+	for i, name := range names {
+		if !slices.Contains(missed, keys[i]) {
+			c.in.held[name] = struct{}{}
+		}
 	}
 	return nil
 }

@@ -137,8 +137,11 @@ const (
 	// wait keys of names this client waits for or observes: the advisory
 	// lock (1885824613 = 'pgfe', waitKey(name)) that pgfence.notify_waiters
 	// tests before it notifies. $1 is an int4[] of waitKey values.
-	sqlWant   = `SELECT count(pg_advisory_lock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
-	sqlUnwant = `SELECT count(pg_advisory_unlock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
+	sqlWant = `SELECT count(pg_advisory_lock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
+	// sqlWantTry tries the wait keys $1 (an int4[]) without waiting and
+	// returns those it could not take.
+	sqlWantTry = `SELECT k FROM unnest($1::int4[]) AS k WHERE NOT pg_try_advisory_lock_shared(1885824613, k)`
+	sqlUnwant  = `SELECT count(pg_advisory_unlock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
 
 	// sqlReleaseAtLeast ends one grant no sooner than its acquired_at + $4
 	// µs (HoldAtLeast); committed like sqlRelease.
