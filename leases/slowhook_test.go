@@ -3,36 +3,11 @@ package leases
 import (
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/slogtest"
 )
-
-// stallingHandler is a slog.Handler whose Handle blocks, for records whose
-// message contains match, until release is closed: a log sink that stalls
-// (a full pipe, a slow network shipper).
-type stallingHandler struct {
-	match   string
-	stalled chan struct{} // closed when a matching record first blocks
-	release chan struct{}
-	once    *sync.Once
-}
-
-func newStallingHandler(match string) stallingHandler {
-	return stallingHandler{match: match, stalled: make(chan struct{}), release: make(chan struct{}), once: new(sync.Once)}
-}
-
-func (h stallingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h stallingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h stallingHandler) WithGroup(string) slog.Handler            { return h }
-func (h stallingHandler) Handle(_ context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, h.match) {
-		h.once.Do(func() { close(h.stalled) })
-		<-h.release
-	}
-	return nil
-}
 
 // A log handler that stalls must not hold the Client's lock: the deadline
 // rule (a lease's Context ends at its local deadline, before anyone else
@@ -42,9 +17,9 @@ func (h stallingHandler) Handle(_ context.Context, r slog.Record) error {
 // Context must then end at its local deadline.
 func TestStalledLoggerKeepsDeadlines(t *testing.T) {
 	t.Parallel()
-	h := newStallingHandler("hand-over requested; stepping down")
+	h := slogtest.NewStalling("hand-over requested; stepping down")
 	c, pool := setup(t, WithLogger(slog.New(h)), WithNotifications(false))
-	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the keepalive
+	t.Cleanup(func() { h.Release() }) // before Close, which waits for the keepalive
 	ctx := testContext(t)
 
 	asked, err := c.TryAcquire(ctx, "asked", 3*time.Second)
@@ -59,7 +34,7 @@ func TestStalledLoggerKeepsDeadlines(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-h.stalled: // the keepalive found the request (within TTL/3) and logs it
+	case <-h.Stalled(): // the keepalive found the request (within TTL/3) and logs it
 	case <-ctx.Done():
 		t.Fatal("the keepalive did not log the hand-over request")
 	}
@@ -80,9 +55,9 @@ func TestStalledLoggerKeepsDeadlines(t *testing.T) {
 // (the wall clock moved past them, as after a suspend).
 func TestStalledLoggerLosesEveryLease(t *testing.T) {
 	t.Parallel()
-	h := newStallingHandler("leases: lease lost")
+	h := slogtest.NewStalling("leases: lease lost")
 	c, _ := setup(t, WithLogger(slog.New(h)))
-	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the deadline timer
+	t.Cleanup(func() { h.Release() }) // before Close, which waits for the deadline timer
 	freeze(c)
 	ctx := testContext(t)
 	var held []*Lease
@@ -115,9 +90,9 @@ func TestStalledLoggerLosesEveryLease(t *testing.T) {
 func TestStalledLoggerLosesEveryRenewal(t *testing.T) {
 	t.Parallel()
 	const ttl = 15 * time.Second // renewed after 5s; local deadline 13.5s
-	h := newStallingHandler("leases: lease lost")
+	h := slogtest.NewStalling("leases: lease lost")
 	c, pool := setup(t, WithLogger(slog.New(h)), WithNotifications(false))
-	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the keepalive
+	t.Cleanup(func() { h.Release() }) // before Close, which waits for the keepalive
 	ctx := testContext(t)
 	granted := time.Now()
 	var held []*Lease
@@ -151,9 +126,9 @@ func TestStalledLoggerLosesEveryRenewal(t *testing.T) {
 // Acquire, of a waiter for another name.
 func TestStalledLoggerLetsOthersRegister(t *testing.T) {
 	t.Parallel()
-	h := newStallingHandler("could not register as waiter")
+	h := slogtest.NewStalling("could not register as waiter")
 	c, pool := setup(t, WithLogger(slog.New(h)))
-	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the waiters
+	t.Cleanup(func() { h.Release() }) // before Close, which waits for the waiters
 	ctx := testContext(t)
 	waitListening(t, c)
 	// Another session holds "blocked"'s wait key exclusively: a waiter's
@@ -174,7 +149,7 @@ func TestStalledLoggerLetsOthersRegister(t *testing.T) {
 		}
 	}()
 	select {
-	case <-h.stalled:
+	case <-h.Stalled():
 	case <-ctx.Done():
 		t.Fatal("the failed registration was not logged")
 	}
@@ -206,9 +181,9 @@ func TestStalledLoggerLetsOthersRegister(t *testing.T) {
 func TestStalledHandoverLogLosesRenewal(t *testing.T) {
 	t.Parallel()
 	const ttl = 15 * time.Second // renewed after 5s; local deadline 13.5s
-	h := newStallingHandler("hand-over requested; stepping down")
+	h := slogtest.NewStalling("hand-over requested; stepping down")
 	c, pool := setup(t, WithLogger(slog.New(h)), WithNotifications(false))
-	t.Cleanup(func() { close(h.release) }) // before Close, which waits for the keepalive
+	t.Cleanup(func() { h.Release() }) // before Close, which waits for the keepalive
 	ctx := testContext(t)
 	granted := time.Now()
 	if _, err := c.TryAcquire(ctx, "asked", ttl); err != nil {

@@ -1,10 +1,7 @@
 package pglock
 
 import (
-	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,32 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/slogtest"
 )
-
-// stallingHandler is a slog.Handler whose Handle blocks, for records whose
-// message contains match, until release is closed: a log sink that stalls
-// (a full pipe, a slow network shipper).
-type stallingHandler struct {
-	match   string
-	stalled chan struct{} // closed when a matching record first blocks
-	release chan struct{}
-	once    *sync.Once
-}
-
-func newStallingHandler(match string) stallingHandler {
-	return stallingHandler{match: match, stalled: make(chan struct{}), release: make(chan struct{}), once: new(sync.Once)}
-}
-
-func (h stallingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h stallingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h stallingHandler) WithGroup(string) slog.Handler            { return h }
-func (h stallingHandler) Handle(_ context.Context, r slog.Record) error {
-	if strings.Contains(r.Message, h.match) {
-		h.once.Do(func() { close(h.stalled) })
-		<-h.release
-	}
-	return nil
-}
 
 // A lost lock's Context ends before the loss is logged: a log handler
 // that stalls must not keep a lock whose session is gone (and whose
@@ -49,7 +22,7 @@ func TestStalledLoggerStillEndsLostLock(t *testing.T) {
 	for _, driver := range []string{"pgx", "database/sql"} {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			h := newStallingHandler("pglock: lock lost")
+			h := slogtest.NewStalling("pglock: lock lost")
 			pool := newPool(t, pgtest.URL(t), 4)
 			var l *Locker
 			if driver == "pgx" {
@@ -57,7 +30,7 @@ func TestStalledLoggerStillEndsLostLock(t *testing.T) {
 			} else {
 				l = dbLockerWith(t, pool, WithLogger(slog.New(h)))
 			}
-			t.Cleanup(func() { close(h.release) }) // before the pool closes
+			t.Cleanup(func() { h.Release() }) // before the pool closes
 			watching := watchStarts(l)
 			ctx := testContext(t)
 			lk, err := l.Lock(ctx, "victim")
@@ -80,7 +53,7 @@ func TestStalledLoggerStillEndsLostLock(t *testing.T) {
 				t.Fatal("the Lock's Context is still open 15s after its backend was terminated, while a log call stalls")
 			}
 			select {
-			case <-h.stalled: // the loss was logged, after the Context ended
+			case <-h.Stalled(): // the loss was logged, after the Context ended
 			case <-time.After(15 * time.Second):
 				t.Error("the loss was not logged")
 			}
