@@ -222,6 +222,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	missed := 0 // attempts in a row made without the wait key (want)
 	for attempt := 0; ; attempt++ {
 		if exclusive && c.holdsLocally(name) {
 			// Another caller of this client holds it: an attempt could
@@ -241,7 +242,11 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 			}
 			continue
 		}
-		c.want(ctx, name) // before the attempt: see interest.go
+		if c.want(ctx, name) { // before the attempt: see interest.go
+			missed = 0
+		} else {
+			missed++
+		}
 		l, holder, remaining, err := try(ctx)
 		if err != nil {
 			if ctx.Err() != nil && !errors.Is(err, errInDoubt) {
@@ -253,7 +258,7 @@ func (c *Client) await(ctx context.Context, name string, exclusive bool,
 			return l, nil
 		}
 		c.startListener()
-		delay := c.pollDelay(attempt, remaining)
+		delay := c.pollDelay(attempt, missed, remaining)
 		c.log.Debug("leases: waiting", "name", name, "holder", holder.Owner, "fence", holder.Fence, "poll", delay)
 		if c.hooks.onWait != nil {
 			c.hooks.onWait(name)
@@ -421,20 +426,30 @@ func (c *Client) newLease(info Info, ttl time.Duration, since time.Time) *Lease 
 
 // pollDelay is how long a waiting head sleeps without a wake-up: until
 // just after the holder's expiry (server clock), but no longer than the
-// poll interval — or, while no listener is active, a backoff from 50ms up
-// to the poll interval. Jittered so that clients do not poll in step.
-func (c *Client) pollDelay(attempt int, remaining time.Duration) time.Duration {
+// poll interval — or, while no listener is active (by attempt) or the
+// last missed attempts were made without the wait key (by missed), a
+// backoff from 50ms up to the poll interval. Jittered so that clients do
+// not poll in step.
+func (c *Client) pollDelay(attempt, missed int, remaining time.Duration) time.Duration {
 	c.mu.Lock()
 	listening := c.listenOK
 	c.mu.Unlock()
 	d := c.cfg.pollInterval
-	if !listening {
-		d = min(d, 50*time.Millisecond<<min(attempt, 16))
+	switch {
+	case !listening:
+		d = min(d, backoff(attempt))
+	case missed > 0:
+		d = min(d, backoff(missed-1))
 	}
 	d = jitter(d)
 	// Wake just after the holder's expiry; a few ms of jitter spreads
 	// clients.
 	return min(d, max(remaining, 0)+time.Millisecond+time.Duration(rand.Int64N(int64(10*time.Millisecond))))
+}
+
+// backoff is the n-th delay of a backoff from 50ms, doubling.
+func backoff(n int) time.Duration {
+	return 50 * time.Millisecond << min(n, 16)
 }
 
 // jitter returns a duration in [d/2, d].

@@ -22,12 +22,16 @@ import (
 //
 // Ordering makes it safe. The head waiter takes the key before its first
 // attempt, so a release either precedes the attempt (which then sees the
-// lease free) or finds the key held and notifies. The listener takes the
-// keys of every wanted name whenever it (re)connects — trying each, so
-// that one held exclusively by someone else delays no other name — and
-// then wakes every waiter, as it did before; a waiter whose key it could
-// not take takes it before its next attempt. Without a listener nothing is taken: waiters
-// poll. Keys are dropped lazily, by a goroutine, once a name has neither
+// lease free) or finds the key held and notifies. Keys are tried, never
+// waited for: one held exclusively — by a release, for the instant of its
+// commit, or by any role for as long as it likes — must not hold up the
+// registrations of other names, which share the interest connection. A
+// waiter or observer whose key is taken by someone else is not
+// registered: it polls, from 50ms backing off to the poll interval, and
+// tries the key again before each attempt. The listener tries the keys of
+// every wanted name whenever it (re)connects and then wakes every waiter,
+// as it did before. Without a listener nothing is taken: waiters poll.
+// Keys are dropped lazily, by a goroutine, once a name has neither
 // waiters nor observers; a key held a little too long costs a spurious
 // notification, nothing more.
 
@@ -44,12 +48,6 @@ type interest struct {
 // errInterestLost ends a listener whose interest connection closed.
 var errInterestLost = errors.New("leases: listener: the interest connection closed")
 
-// interestLockTimeout bounds, on the server, the wait of a wait key: a
-// release holds the key for the instant of its commit, but any role may
-// hold it for longer. The wait then fails, leaving the connection usable
-// and the name to polling.
-const interestLockTimeout = "2s"
-
 // waitKey is the second int4 of name's wait key: the high 32 bits of
 // pglock.Key(name), as pgfence.wait_key computes it.
 func waitKey(name string) int32 {
@@ -62,40 +60,51 @@ func (c *Client) wantedLocked(name string) bool {
 	return c.queues[name] != nil || c.queues[semQueue(name)] != nil || len(c.observers[name]) > 0
 }
 
-// want takes name's wait key if a listener runs and it is not yet held.
-// An error leaves the name unregistered: the caller then relies on polling.
-// If it closed the interest connection (the caller's ctx ended during the
-// statement: pgx closes the connection), the listener starts again and
-// re-registers every name when it has reconnected. The server bounds the
-// wait for the key (interestLockTimeout) without closing anything.
-func (c *Client) want(ctx context.Context, name string) {
-	if err := c.wantKey(ctx, name); err != nil {
+// want takes name's wait key if a listener runs and it is not yet held,
+// and reports whether a release of name will notify this client: false
+// when the key is taken by someone else, or the statement failed; the
+// caller then polls (backoff). If it closed the interest connection (the
+// caller's ctx ended during the statement: pgx closes the connection),
+// the listener starts again and re-registers every name when it has
+// reconnected. Without a listener it reports true: pollDelay knows.
+func (c *Client) want(ctx context.Context, name string) bool {
+	ok, err := c.wantKey(ctx, name)
+	if !ok {
 		// Logged once c.imu is released: a log handler that stalls must
 		// not hold up the other waiters' registrations.
 		c.log.Debug("leases: could not register as waiter; polling", "name", name, "err", err)
 	}
+	return ok
 }
 
-// wantKey is want, holding c.imu; it returns the statement's error.
-func (c *Client) wantKey(ctx context.Context, name string) error {
+// errKeyTaken is why want did not register a name whose wait key another
+// session holds exclusively.
+var errKeyTaken = errors.New("leases: wait key held exclusively by another session")
+
+// wantKey is want, holding c.imu.
+func (c *Client) wantKey(ctx context.Context, name string) (bool, error) {
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	if c.in.conn == nil {
-		return nil
+		return true, nil
 	}
 	if _, ok := c.in.held[name]; ok {
-		return nil
+		return true, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, interestTimeout)
 	defer cancel()
-	if _, err := c.in.conn.Exec(ctx, sqlWant, []int32{waitKey(name)}); err != nil {
+	var took bool
+	if err := c.in.conn.QueryRow(ctx, sqlWantOne, waitKey(name)).Scan(&took); err != nil {
 		if c.in.conn.IsClosed() {
 			c.in.lost(errInterestLost)
 		}
-		return err
+		return false, err
+	}
+	if !took {
+		return false, errKeyTaken
 	}
 	c.in.held[name] = struct{}{}
-	return nil
+	return true, nil
 }
 
 // unwantLater drops name's wait key in the background once nobody in this
@@ -156,17 +165,9 @@ func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn, lost context
 	for i, name := range names {
 		keys[i] = waitKey(name)
 	}
-	if _, err := conn.Exec(ctx, `SET lock_timeout = '`+interestLockTimeout+`'`); err != nil {
-		return dbError("listener: set lock_timeout", err)
-	}
-	// Tried, not waited for: a key held exclusively — by a release, for
-	// the instant of its commit, or by any role for as long as it likes —
-	// must not fail the listener, which would leave every name of this
-	// client to polling. A name whose key was not taken is left out of
-	// held: its waiters take it before their next attempt (want, which
-	// waits at most interestLockTimeout), after the listener has woken
-	// them all; its observers poll (WithPollInterval) until a
-	// reconnection takes it. Only that name is slowed.
+	// Tried, not waited for (see the top of this file): a name whose key
+	// was not taken is left out of held, and its waiters and observers
+	// try it again before their next attempt. Only that name is slowed.
 	rows, err := conn.Query(ctx, sqlWantTry, keys)
 	if err != nil {
 		return dbError("listener: register waiters", err)

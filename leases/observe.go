@@ -74,9 +74,15 @@ func (c *Client) observe(ctx context.Context, name string, o *observer, ch chan 
 	defer timer.Stop()
 	var last Info
 	first := true
-	c.want(ctx, name) // before the first read: see interest.go
+	missed := 0 // reads in a row made without the wait key (want)
 	for {
 		delay := jitter(c.cfg.pollInterval)
+		if c.want(ctx, name) { // before the read: see interest.go
+			missed = 0
+		} else {
+			delay = min(delay, jitter(backoff(missed)))
+			missed++
+		}
 		info, remaining, err := c.get(ctx, name)
 		switch {
 		case ctx.Err() != nil:
