@@ -40,7 +40,9 @@ import (
 // another process group or session, so it can find them all in /proc and
 // kill them. It leaves SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 sent
 // to it on to the command's group, and exits with the command's status
-// once no process of the tree is left. The command gets PR_SET_PDEATHSIG
+// once no process of the tree is left (1 for a 0 when it stopped the
+// command at the local deadline: pgfence may not know yet that the lease
+// is lost). The command gets PR_SET_PDEATHSIG
 // against the reaper, in case the reaper itself is killed.
 //
 // What the reaper does not survive: SIGKILL of the reaper itself (the
@@ -90,6 +92,10 @@ type reaper struct {
 	termAt   int64 // CLOCK_MONOTONIC ns when SIGTERM went out; 0 before
 	killAt   int64 // when SIGKILL is due once terminating
 	killed   bool  // SIGKILL sent: keep killing until the tree is gone
+	// cutShort: the command was stopped at the local deadline while it
+	// ran. pgfence may not know (the lease is still held by its own count
+	// until the deadline), so the reaper turns the command's 0 into 1.
+	cutShort bool
 }
 
 // waitEvent is a process the reaper reaped; pid 0 means none is left.
@@ -203,6 +209,10 @@ func (r *reaper) loop(msgs <-chan string, sigs <-chan os.Signal, reaped <-chan w
 				if r.status < 0 {
 					return &exitError{code: exitFailure, err: errors.New("reaper: the command's status was lost")}
 				}
+				if r.cutShort && r.status == exitOK {
+					fmt.Fprintf(r.stderr, "pgfence: the command exited 0 after %s was not renewed in time: exit 1, its work may be unfinished\n", r.cfg.What)
+					return &exitError{code: exitFailure}
+				}
 				return &exitError{code: r.status}
 			}
 			if ev.pid != r.pgid {
@@ -304,6 +314,7 @@ func (r *reaper) due() {
 	case r.termAt != 0:
 		r.kill("the command outlived its grace period")
 	default:
+		r.cutShort = r.status < 0
 		left := untilMono(r.deadline).Round(time.Millisecond)
 		r.terminate(r.cfg.Grace, fmt.Sprintf("%s: not renewed in time, its local deadline is in %s", r.cfg.What, left))
 	}

@@ -276,3 +276,33 @@ func TestRunStopsLeftovers(t *testing.T) {
 		t.Errorf("left-over processes still run after pgfence exited: %v", pids)
 	}
 }
+
+// A command that pgfence stops because the lease could not be renewed
+// before its local deadline (here: the network to the database goes
+// silent) and that exits 0 on SIGTERM did not finish its work under the
+// lease: run exits 1, as after a force-release, not 0. Only the reaper
+// knows: it sends SIGTERM at deadline − grace, while the leases package
+// still counts the lease as held (until the deadline, grace later), and
+// the command is gone long before that. --grace 4s leaves that margin wide
+// enough for a loaded machine (a race-enabled binary alone takes 1s to
+// exit).
+func TestRunStoppedAtTheDeadlineIsNoSuccess(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	px, viaProxy := startSilentProxy(t, url)
+	p := startCLI(t, cliEnv("DATABASE_URL="+viaProxy), "run", "--lease", "cut-short", "--ttl", "10s", "--grace", "4s", "--",
+		"sh", "-c", `trap 'echo got TERM; exit 0' TERM; echo ready; while :; do sleep 0.05; done`)
+	if l := p.line(); l != "ready" {
+		t.Fatalf("child printed %q", l)
+	}
+	px.Silence()
+	if l := p.line(); l != "got TERM" {
+		t.Fatalf("after the cut the child printed %q, want %q", l, "got TERM")
+	}
+	if code := p.wait(); code != exitFailure {
+		t.Errorf("exit %d, want %d: the command was stopped before the lease's local deadline, its work cut short", code, exitFailure)
+	}
+	if !strings.Contains(p.stderr.String(), "exited 0 after") {
+		t.Errorf("stderr %q does not say why the exit status is 1", p.stderr)
+	}
+}
