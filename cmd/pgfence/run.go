@@ -166,9 +166,10 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 	if err != nil {
 		return err
 	}
-	// Catch the forwarded signals from the start: before the command runs,
-	// SIGINT, SIGTERM and SIGHUP abandon the wait; afterwards they are the
-	// command's.
+	// Catch the forwarded signals from the start: until the command
+	// starts, SIGINT, SIGTERM and SIGHUP abandon the run (the wait for the
+	// lease or lock, and whatever precedes the start once it is held);
+	// afterwards they are the command's.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwardedSignals...)
 	defer signal.Stop(sigs)
@@ -194,15 +195,36 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 			}
 		}
 	}()
-	stopWatch := func() { close(quit); <-interrupted }
+	// stopWatch ends the watch (once) and returns the interruption, if
+	// one came: after it, interruptSig is safe to read and stays put.
+	var stopped bool
+	stopWatch := func() error {
+		if !stopped {
+			stopped = true
+			close(quit)
+			<-interrupted
+		}
+		return interruptedOr(interruptSig, nil)
+	}
+	// abandon ends a run whose command did not start, reporting an
+	// interruption as such rather than as what it made fail.
+	var h *held
+	abandon := func(err error) error {
+		ierr := stopWatch()
+		if h != nil {
+			releaseHeld(h)
+		}
+		if ierr != nil {
+			return ierr
+		}
+		return err
+	}
 
 	pool, err := openPool(ctx, g.connString(), "pgfence run", 4)
 	if err != nil {
-		stopWatch()
-		return interruptedOr(interruptSig, err)
+		return abandon(err)
 	}
 	defer pool.Close()
-	var h *held
 	var lc *leases.Client
 	if o.lease != "" {
 		lc, err = leases.New(pool)
@@ -213,33 +235,31 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 	} else {
 		h, err = takeLock(ctx, pool, o)
 	}
-	stopWatch()
 	if err != nil {
-		return interruptedOr(interruptSig, err)
-	}
-	if interruptSig != 0 { // interrupted just as the wait ended
-		releaseHeld(h)
-		return interruptedOr(interruptSig, nil)
+		return abandon(err)
 	}
 
 	if h.lease != nil {
 		if err := o.once.hold(h.lease); err != nil {
-			releaseHeld(h)
-			return err
+			return abandon(err)
 		}
 		skip, err := o.once.skip(ctx, lc, h.lease)
 		if err != nil {
-			releaseHeld(h)
-			return fmt.Errorf("read period %q of %s: %w", o.once.key, h.what, err)
+			return abandon(fmt.Errorf("read period %q of %s: %w", o.once.key, h.what, err))
 		}
 		if skip {
-			releaseHeld(h)
+			if err := abandon(nil); err != nil {
+				return err
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "pgfence: period %q of lease %q is already done; the command did not run\n", o.once.key, o.lease)
 			return nil
 		}
 	}
 
-	code, err := runChild(ctx, h, o, path, args, sigs, cmd.ErrOrStderr())
+	code, err := runChild(ctx, h, o, path, args, sigs, stopWatch, cmd.ErrOrStderr())
+	if err != nil && stopWatch() != nil { // the command did not start
+		return abandon(err)
+	}
 	if err == nil && code == 0 && h.lease != nil {
 		if rerr := o.once.record(context.WithoutCancel(ctx), pool, h.lease); rerr != nil {
 			releaseHeld(h)
@@ -258,8 +278,10 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 
 // runChild runs the command through the reaper while h is held, renewing
 // a lease and passing each new local deadline on (deadline.go), and returns
-// its exit status.
-func runChild(ctx context.Context, h *held, o runOptions, path string, args []string, sigs <-chan os.Signal, stderr io.Writer) (int, error) {
+// its exit status. Right before the command starts it calls stopWatch,
+// which ends run's watch for interruptions: the command is not started
+// when one came.
+func runChild(ctx context.Context, h *held, o runOptions, path string, args []string, sigs <-chan os.Signal, stopWatch func() error, stderr io.Writer) (int, error) {
 	c, err := startReaper(os.Stdin, os.Stdout, os.Stderr)
 	if err != nil {
 		return 0, err
@@ -275,6 +297,10 @@ func runChild(ctx context.Context, h *held, o runOptions, path string, args []st
 			return 0, fmt.Errorf("%s: lost before the command started: %w", h.what, err)
 		}
 		cfg.Deadline, cfg.OrphanGrace, deadlines = d, o.grace, r.deadlines
+	}
+	if err := stopWatch(); err != nil {
+		c.abandon()
+		return 0, err
 	}
 	if err := c.start(cfg); err != nil {
 		c.abandon()
@@ -310,10 +336,11 @@ func releaseHeld(h *held) {
 	_ = h.release(ctx) // a lost lease or lock fails to release; expiry covers the rest
 }
 
-// interruptedOr reports an interrupted wait as 128+signal, else err.
+// interruptedOr reports a run interrupted before its command started as
+// 128+signal, else err.
 func interruptedOr(sig syscall.Signal, err error) error {
 	if sig != 0 {
-		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted (%v) while waiting for the lease or lock; the command did not run", sig)}
+		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted (%v) before the command started; the command did not run", sig)}
 	}
 	return err
 }

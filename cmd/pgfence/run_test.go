@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -304,5 +305,51 @@ func TestRunStoppedAtTheDeadlineIsNoSuccess(t *testing.T) {
 	}
 	if !strings.Contains(p.stderr.String(), "exited 0 after") {
 		t.Errorf("stderr %q does not say why the exit status is 1", p.stderr)
+	}
+}
+
+// SIGINT, SIGTERM and SIGHUP abandon a run before its command starts,
+// also once the lease is granted: here --once's read of its period waits
+// behind an operator's lock on pgfence.once (as it would on a server
+// frozen or cut off), and Ctrl-C must still end pgfence, exiting 128+N
+// without running the command, rather than leave it holding the lease.
+func TestRunInterruptedBeforeTheCommandStarts(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	pool := pgtest.PoolFor(t, url)
+	locker, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(locker.Release)
+	for _, q := range []string{`BEGIN`, `LOCK TABLE pgfence.once IN ACCESS EXCLUSIVE MODE`} {
+		if _, err := locker.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(ctx, `ROLLBACK`) })
+	p := startCLI(t, cliEnv("DATABASE_URL="+url), "run", "--lease", "interrupted", "--ttl", "5s", "--once", "p1", "--", "sh", "-c", "echo ran")
+	pgtest.WaitFor(t, cliTimeout, "run to wait for its period's record", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'pgfence run' AND wait_event_type = 'Lock' AND query LIKE '%pgfence.once%'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	// It should take well under a second; a minute allows for a loaded
+	// machine, and fails the test rather than hang it until the lock ends.
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("pgfence still runs a minute after SIGINT; stderr:\n%s", p.stderr)
+	}
+	if code := p.wait(); code != 128+int(syscall.SIGINT) {
+		t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGINT))
+	}
+	if !strings.Contains(p.stderr.String(), "the command did not run") {
+		t.Errorf("stderr %q does not say that the command did not run", p.stderr)
 	}
 }
