@@ -261,9 +261,19 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 		return abandon(err)
 	}
 	if err == nil && code == 0 && h.lease != nil {
-		if rerr := o.once.record(context.WithoutCancel(ctx), pool, h.lease); rerr != nil {
+		// Bounded as a one-shot command's statements are: a database that
+		// stops answering must not keep pgfence, and the lease its
+		// keepalive renews, for good. The period is then left undone.
+		rctx, rcancel := context.WithTimeoutCause(context.WithoutCancel(ctx), answerTimeout, errNoAnswer)
+		rerr := o.once.record(rctx, pool, h.lease)
+		why := "the lease was lost?"
+		if errors.Is(context.Cause(rctx), errNoAnswer) {
+			why = fmt.Sprintf("the database did not answer within %s", answerTimeout)
+		}
+		rcancel()
+		if rerr != nil {
 			releaseHeld(h)
-			return fmt.Errorf("the command succeeded but period %q of %s could not be recorded as done (the lease was lost?): %w", o.once.key, h.what, rerr)
+			return fmt.Errorf("the command succeeded but period %q of %s could not be recorded as done (%s): %w", o.once.key, h.what, why, rerr)
 		}
 	}
 	releaseHeld(h)

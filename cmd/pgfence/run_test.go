@@ -353,3 +353,49 @@ func TestRunInterruptedBeforeTheCommandStarts(t *testing.T) {
 		t.Errorf("stderr %q does not say that the command did not run", p.stderr)
 	}
 }
+
+// The record of --once's period, after the command exited 0, is bounded
+// as a one-shot command's statements are (answerTimeout): a database that
+// stops answering then (here the record waits behind an operator's lock on
+// pgfence.once, as it would on a frozen server) must not leave pgfence
+// hanging for good — holding the lease all the while, its keepalive
+// renewing it — but exit 1, the period left to the next run.
+func TestRunOnceRecordDoesNotHang(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	pool := pgtest.PoolFor(t, url)
+	p := startCLI(t, cliEnv("DATABASE_URL="+url), "run", "--lease", "record-stuck", "--ttl", "5s", "--once", "p1", "--",
+		"sh", "-c", "echo ready; cat >/dev/null")
+	if l := p.line(); l != "ready" {
+		t.Fatalf("child printed %q", l)
+	}
+	locker, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(locker.Release)
+	for _, q := range []string{`BEGIN`, `LOCK TABLE pgfence.once IN ACCESS EXCLUSIVE MODE`} {
+		if _, err := locker.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(ctx, `ROLLBACK`) })
+	if err := p.stdin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	exited := time.Now()
+	// The bound, plus a minute for a loaded machine; the test fails
+	// rather than hang until the lock ends.
+	select {
+	case <-p.done:
+	case <-time.After(answerTimeout + time.Minute):
+		t.Fatalf("pgfence still runs %s after its command exited; stderr:\n%s", time.Since(exited).Round(time.Second), p.stderr)
+	}
+	if code := p.wait(); code != exitFailure {
+		t.Errorf("exit %d, want %d", code, exitFailure)
+	}
+	if !strings.Contains(p.stderr.String(), "could not be recorded") {
+		t.Errorf("stderr %q does not say that the period was not recorded", p.stderr)
+	}
+}
