@@ -175,8 +175,10 @@ func WithLogger(l *slog.Logger) Option {
 // hand-over as fast as a round trip; polling is the fallback (e.g. behind a
 // transaction-mode pooler where LISTEN does not work) and catches expiries.
 // A waiter also wakes when the holder's grant expires by the database clock.
-// Polls are jittered; without a working listener they back off from 50ms up
-// to this interval. Default DefaultPollInterval (2s); valid 10ms to 1h.
+// Polls are jittered; without a working listener, or while another
+// session holds the lease's wait key (docs/design.md), they back off from
+// 50ms up to this interval. Default DefaultPollInterval (2s); valid 10ms
+// to 1h.
 func WithPollInterval(d time.Duration) Option {
 	return func(c *config) error {
 		if d < minPollInterval || d > maxPollInterval {
