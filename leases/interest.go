@@ -93,18 +93,28 @@ func (c *Client) wantKey(ctx context.Context, name string) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, interestTimeout)
 	defer cancel()
-	var took bool
-	if err := c.in.conn.QueryRow(ctx, sqlWantOne, waitKey(name)).Scan(&took); err != nil {
+	missed, err := tryKeys(ctx, c.in.conn, []int32{waitKey(name)})
+	if err != nil {
 		if c.in.conn.IsClosed() {
 			c.in.lost(errInterestLost)
 		}
 		return false, err
 	}
-	if !took {
+	if len(missed) > 0 {
 		return false, errKeyTaken
 	}
 	c.in.held[name] = struct{}{}
 	return true, nil
+}
+
+// tryKeys tries the wait keys keys on conn, without waiting, and returns
+// those another session holds exclusively.
+func tryKeys(ctx context.Context, conn *pgx.Conn, keys []int32) ([]int32, error) {
+	rows, err := conn.Query(ctx, sqlWantTry, keys)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int32])
 }
 
 // unwantLater drops name's wait key in the background once nobody in this
@@ -168,11 +178,7 @@ func (c *Client) startInterest(ctx context.Context, conn *pgx.Conn, lost context
 	// Tried, not waited for (see the top of this file): a name whose key
 	// was not taken is left out of held, and its waiters and observers
 	// try it again before their next attempt. Only that name is slowed.
-	rows, err := conn.Query(ctx, sqlWantTry, keys)
-	if err != nil {
-		return dbError("listener: register waiters", err)
-	}
-	missed, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	missed, err := tryKeys(ctx, conn, keys)
 	if err != nil {
 		return dbError("listener: register waiters", err)
 	}

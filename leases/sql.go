@@ -133,15 +133,12 @@ const (
 	// on.
 	sqlUnlisten = `UNLISTEN *`
 
-	// sqlWantOne, sqlWantTry and sqlUnwant take and drop, on the interest
-	// connection, the wait keys of names this client waits for or
-	// observes: the advisory lock (1885824613 = 'pgfe', waitKey(name))
-	// that pgfence.notify_waiters tests before it notifies. Keys are
-	// tried, never waited for (interest.go). sqlWantOne tries the key $1:
-	// false if another session holds it exclusively. sqlWantTry tries the
-	// keys $1 (an int4[]) and returns those it could not take; sqlUnwant
-	// drops the keys $1.
-	sqlWantOne = `SELECT pg_try_advisory_lock_shared(1885824613, $1)`
+	// sqlWantTry and sqlUnwant take and drop, on the interest connection,
+	// the wait keys of names this client waits for or observes: the
+	// advisory lock (1885824613 = 'pgfe', waitKey(name)) that
+	// pgfence.notify_waiters tests before it notifies. $1 is an int4[] of
+	// waitKey values. Keys are tried, never waited for (interest.go):
+	// sqlWantTry returns those another session holds exclusively.
 	sqlWantTry = `SELECT k FROM unnest($1::int4[]) AS k WHERE NOT pg_try_advisory_lock_shared(1885824613, k)`
 	sqlUnwant  = `SELECT count(pg_advisory_unlock_shared(1885824613, k)) FROM unnest($1::int4[]) AS k`
 
