@@ -20,7 +20,7 @@ import (
 // time in microseconds, and a shorter interval would be sent as zero.
 const minThreshold = time.Microsecond
 
-const checkLong = `Check for leases held, and advisory locks waited on, longer than a threshold,
+var checkLong = `Check for leases held, and advisory locks waited on, longer than a threshold,
 for cron or a Nagios-style monitor. Only the current database is checked.
 
 Reported:
@@ -55,7 +55,7 @@ blocked takeover has lease, pid, application_name, client_addr, waitstart,
 waited_seconds, held_by (pids) and prepared (GIDs).
 
 Exit codes: 0 nothing found, 4 findings, 2 bad flags (nothing is queried),
-69 database unreachable or not answering within 30s, 1 any other error (e.g.
+69 database unreachable or not answering within ` + answerTimeout.String() + `, 1 any other error (e.g.
 schema not migrated).`
 
 func newCheckCmd(g *globals) *cobra.Command {

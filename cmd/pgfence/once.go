@@ -21,11 +21,11 @@ import (
 // not run the command when the period is done), hold before the release,
 // and record after the command exited 0 (before the release).
 
-const onceHelp = `--once KEY runs the command only if period KEY of the lease is not done
+var onceHelp = `--once KEY runs the command only if period KEY of the lease is not done
 yet, and records it done (in pgfence.once, under the lease's fence) when
 the command exits 0; a replica that finds it done exits 0 without running
 the command. A command that fails, a pgfence that dies before the record,
-or a record the database does not answer within 30s (pgfence then exits 1)
+or a record the database does not answer within ` + answerTimeout.String() + ` (pgfence then exits 1)
 leaves the period to the next run. --at-least D keeps the lease until D
 after it was granted (database clock), however fast the command is, so a
 replica whose clock fires late cannot run it again within the same tick.`
