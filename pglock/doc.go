@@ -204,8 +204,8 @@
 // WithLogger (discarded by default): "pglock: lock acquired" and "pglock:
 // lock released" at Debug, "pglock: lock lost" at Warn, with the attributes
 // name, key (keys, for a set of several), pid, mode, cause, waited or
-// held; "pglock: connection destroyed" at Debug (name, pid, why);
-// "pglock: unlock failed" at Warn when the Unlock that Do runs fails.
+// held; "pglock: connection destroyed" at Debug (name, pid when known,
+// why); "pglock: unlock failed" at Warn when the Unlock that Do runs fails.
 //
 // # PgBouncer and other transaction-mode poolers
 //

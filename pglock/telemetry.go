@@ -83,9 +83,15 @@ func (t *telemetry) logLost(lk *Lock, why lostCause, err error, end time.Time) {
 }
 
 // destroyed records that the connection of backend pid was closed because
-// its lock state was in doubt.
+// its lock state was in doubt. pid is 0 when it is unknown (a statement
+// over database/sql that failed before it told its backend), and the
+// record then has no pid.
 func (t *telemetry) destroyed(name string, pid uint32, why string) {
-	t.log.Debug("pglock: connection destroyed", slog.String("name", name), slog.Uint64("pid", uint64(pid)), slog.String("why", why))
+	attrs := []any{slog.String("name", name)}
+	if pid != 0 {
+		attrs = append(attrs, slog.Uint64("pid", uint64(pid)))
+	}
+	t.log.Debug("pglock: connection destroyed", append(attrs, slog.String("why", why))...)
 }
 
 // keyAttr is the log attribute of the set's keys: key for one, keys for
