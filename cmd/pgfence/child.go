@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"syscall"
 )
 
@@ -49,13 +51,22 @@ func startReaper(stdin io.Reader, stdout, stderr io.Writer) (*child, error) {
 	}
 	// /proc/self/exe rather than os.Executable: the very binary running,
 	// even if the file has been replaced since (an upgrade mid-run).
-	cmd := exec.Command("/proc/self/exe", reaperName)
+	// The descriptors pgfence inherited keep their numbers, for the
+	// command (a script's 3>log, a lock file's descriptor); the control
+	// pipe goes above them.
+	passed := inheritedFiles()
+	cmd := exec.Command("/proc/self/exe", reaperName, strconv.Itoa(3+len(passed)))
 	cmd.Args[0] = os.Args[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	cmd.ExtraFiles = []*os.File{r} // fd 3
+	cmd.ExtraFiles = append(passed, r)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
 	_ = r.Close() // the reaper has its own copy, if it started
+	for _, f := range passed {
+		if f != nil {
+			_ = f.Close() // the reaper has them; pgfence has no use for them
+		}
+	}
 	if err != nil {
 		_ = w.Close()
 		return nil, fmt.Errorf("start the reaper (%s %s): %w", cmd.Path, reaperName, err)
@@ -132,4 +143,34 @@ func (c *child) supervise(sigs <-chan os.Signal, deadlines <-chan int64, lost <-
 			c.send(msgStop)
 		}
 	}
+}
+
+// inheritedFiles returns the descriptors above stderr that pgfence was
+// started with and that stay open across exec (no FD_CLOEXEC: Go opens
+// its own with it), as ExtraFiles: entry i is descriptor 3+i, nil where
+// none was inherited (the reaper then has that number closed).
+func inheritedFiles() []*os.File {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		flags, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFD, 0)
+		if errno == 0 && flags&syscall.FD_CLOEXEC == 0 {
+			fds = append(fds, fd)
+		}
+	}
+	if len(fds) == 0 {
+		return nil
+	}
+	files := make([]*os.File, slices.Max(fds)-2)
+	for _, fd := range fds {
+		files[fd-3] = os.NewFile(uintptr(fd), "inherited")
+	}
+	return files
 }

@@ -21,7 +21,8 @@ import (
 // happens to pgfence. run starts it by re-executing its own binary
 // (/proc/self/exe __reaper) in a process group of its own; the reaper
 // becomes a child subreaper and starts the command in a further process
-// group. pgfence drives it over a pipe (fd 3): new deadlines after each
+// group. pgfence drives it over a pipe (the descriptor after those the
+// command inherits, see startReaper): new deadlines after each
 // renewal, "stop" when the lease or lock is lost, signals to forward.
 //
 // Why a separate process and not the alternatives:
@@ -75,9 +76,13 @@ func newReaperCmd() *cobra.Command {
 		Use:                reaperName,
 		Hidden:             true,
 		DisableFlagParsing: true,
-		Args:               argsUsage(cobra.NoArgs),
-		RunE: action(func(cmd *cobra.Command, _ []string) error {
-			return reap(os.NewFile(3, "pgfence control"), cmd.ErrOrStderr())
+		Args:               argsUsage(cobra.ExactArgs(1)), // the control pipe's descriptor
+		RunE: action(func(cmd *cobra.Command, args []string) error {
+			fd, err := strconv.Atoi(args[0])
+			if err != nil || fd < 3 {
+				return fmt.Errorf("reaper: control descriptor %q", args[0])
+			}
+			return reap(os.NewFile(uintptr(fd), "pgfence control"), cmd.ErrOrStderr())
 		}),
 	}
 }
