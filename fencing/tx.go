@@ -242,8 +242,9 @@ func runTx[T any](ctx context.Context, tok Token, fn func(tx T) error, rejected 
 		rejected.record(ctx, err)
 		return err
 	}
-	committed = true
-	if err := commit(ctx, tx); err != nil {
+	err = commit(ctx, tx)
+	committed = true // a COMMIT that failed needs no rollback; one that panicked does
+	if err != nil {
 		err = classify(tok, fmt.Errorf("fencing: commit: %w", err))
 		rejected.record(ctx, err)
 		return err
