@@ -31,7 +31,15 @@ func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn fun
 
 // runHeld runs fn under l and releases l afterwards, also when fn panics
 // (the panic goes on once l is released).
-func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) (err error) {
+func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
+	_, err := c.runHeldLost(ctx, l, fn)
+	return err
+}
+
+// runHeldLost is runHeld, also saying whether l itself was lost: its hold
+// ended with ErrLost, or its release found the grant gone. fn's error
+// wrapping ErrLost (of another lease fn used, say) does not say that.
+func (c *Client) runHeldLost(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) (lost bool, err error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
 	defer func() {
@@ -39,9 +47,12 @@ func (c *Client) runHeld(ctx context.Context, l *Lease, fn func(ctx context.Cont
 		cancel(nil)
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer rcancel()
-		err = c.afterRun(l, err, l.Release(rctx))
+		lost = errors.Is(l.Err(), ErrLost)
+		relErr := l.Release(rctx)
+		lost = lost || errors.Is(relErr, ErrLost)
+		err = c.afterRun(l, err, relErr)
 	}()
-	return fn(fctx, l)
+	return false, fn(fctx, l)
 }
 
 // afterRun combines fn's error with the Release that followed it.
@@ -112,7 +123,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		}
 		backoff = 100 * time.Millisecond
 		c.log.Info("leases: became leader", "name", name, "owner", l.owner, "fence", l.fence)
-		err = c.lead(ctx, l, fn)
+		lost, err := c.lead(ctx, l, fn)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -124,7 +135,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			if stop, err := c.pause(ctx, ttl); stop {
 				return err
 			}
-		case errors.Is(err, ErrLost):
+		case lost:
 			c.log.Warn("leases: leadership lost; campaigning again", "name", name, "fence", l.fence, "err", err)
 		case c.isClosed():
 			return ErrClosed
@@ -135,11 +146,11 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 }
 
 // lead runs fn under l, counted as leading name while it runs (also if
-// fn panics).
-func (c *Client) lead(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
+// fn panics), and says whether l was lost (runHeldLost).
+func (c *Client) lead(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) (lost bool, err error) {
 	c.setLeading(l.name, 1)
 	defer c.setLeading(l.name, -1)
-	return c.runHeld(ctx, l, fn)
+	return c.runHeldLost(ctx, l, fn)
 }
 
 // pause waits d between Lead's campaigns. stop says that Lead ends: with
