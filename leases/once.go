@@ -212,7 +212,7 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 			return false, err
 		}
 		var ran bool
-		err = c.runHeld(ctx, l, func(ctx context.Context, l *Lease) error {
+		lost, err := c.runHeldLost(ctx, l, func(ctx context.Context, l *Lease) error {
 			var err error
 			ran, err = body(ctx, l, cfg)
 			return err
@@ -225,7 +225,8 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 			return true, nil
 		case err == nil:
 			return false, nil
-		case ctx.Err() == nil && (errors.Is(err, ErrLost) || fencing.IsStale(err)):
+		case ctx.Err() == nil && (lost || fencing.IsStale(err)):
+			// This grant lost, not fn failing with another lease's ErrLost.
 			c.log.Warn("leases: lease lost before the period was recorded; trying again", "name", name, "period", period, "fence", l.Fence(), "err", err)
 			continue
 		}
