@@ -17,7 +17,7 @@ BEGIN
     LOOP
         EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION pgfence.fence_guard(%L)', t.tbl,
-                       convert_from(substring(t.tgargs FROM 1 FOR position('\x00'::bytea IN t.tgargs) - 1), 'UTF8'));
+                       convert_from(substring(t.tgargs FROM 1 FOR position(decode('00', 'hex') IN t.tgargs) - 1), 'UTF8'));
     END LOOP;
 END
 $$;

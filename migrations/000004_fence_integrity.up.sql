@@ -593,7 +593,7 @@ BEGIN
           JOIN pg_attribute AS a ON a.attrelid = tg.tgrelid
          WHERE tg.tgname = 'pgfence_guard_truncate'
            AND tg.tgfoid = 'pgfence.fence_guard()'::regprocedure
-           AND a.attname = convert_from(substring(tg.tgargs FROM 1 FOR position('\x00'::bytea IN tg.tgargs) - 1), 'UTF8')
+           AND a.attname = convert_from(substring(tg.tgargs FROM 1 FOR position(decode('00', 'hex') IN tg.tgargs) - 1), 'UTF8')
     LOOP
         EXECUTE format('CREATE OR REPLACE TRIGGER pgfence_guard_truncate BEFORE TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION pgfence.fence_guard_truncate(%L)', t.tbl, t.col);
