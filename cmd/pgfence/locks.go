@@ -196,10 +196,11 @@ func printLocks(cmd *cobra.Command, locks []lockRow) error {
 }
 
 // quoteLiteral quotes s as an SQL string literal to print for pasting into
-// psql: a standard literal when every character of s prints, else an
-// escape string (E'...').
+// psql: a standard literal when every character of s prints and none is a
+// backslash, else an escape string (E'...'), which reads the same whatever
+// the session's standard_conforming_strings.
 func quoteLiteral(s string) string {
-	if printable(s) {
+	if printable(s) && !strings.ContainsRune(s, '\\') {
 		return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 	}
 	// An escape string: a character that would act on the terminal (an

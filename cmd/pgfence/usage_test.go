@@ -173,7 +173,8 @@ func TestNotMigrated(t *testing.T) {
 // `locks key` prints a name the terminal would act on (an escape
 // sequence, a newline, an invisible character) as an escaped literal, and
 // the psql it prints still computes the name's key: pasted into psql, it
-// takes the very lock pglock takes.
+// takes the very lock pglock takes, whatever standard_conforming_strings
+// says.
 func TestLocksKeyEscapesUnprintableNames(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
@@ -211,11 +212,21 @@ func TestLocksKeyEscapesUnprintableNames(t *testing.T) {
 			t.Errorf("locks key %q: second line %q is not the lock_key query", name, lines[1])
 			continue
 		}
-		var key int64
-		if err := conn.QueryRow(ctx, "SELECT "+expr).Scan(&key); err != nil {
-			t.Errorf("locks key %q: its psql %q fails: %v", name, expr, err)
-		} else if key != pglock.Key(name) {
-			t.Errorf("locks key %q: its psql %q computes %d, want %d", name, expr, key, pglock.Key(name))
+		// Also in a psql whose role sets standard_conforming_strings off,
+		// where a backslash in '...' is an escape.
+		for _, scs := range []string{"on", "off"} {
+			if _, err := conn.Exec(ctx, "SET standard_conforming_strings = "+scs); err != nil {
+				t.Fatal(err)
+			}
+			var key int64
+			// Parsed anew (exec mode): a cached prepared statement keeps
+			// the parse of its first run.
+			if err := conn.QueryRow(ctx, "SELECT "+expr, pgx.QueryExecModeExec).Scan(&key); err != nil {
+				t.Errorf("locks key %q: its psql %q fails (standard_conforming_strings %s): %v", name, expr, scs, err)
+			} else if key != pglock.Key(name) {
+				t.Errorf("locks key %q: its psql %q computes %d with standard_conforming_strings %s, want %d",
+					name, expr, key, scs, pglock.Key(name))
+			}
 		}
 	}
 }
