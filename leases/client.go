@@ -32,11 +32,13 @@ var errNoRows = pgx.ErrNoRows
 type Client struct {
 	pool *pgxpool.Pool // nil over database/sql (NewDB)
 	sdb  *sql.DB       // nil over pgx (New)
-	q    dbx.Querier   // pool, or sdb adapted: every statement but the listener's
-	cfg  config
-	log  *slog.Logger
-	m    *metrics
-	tr   *spans.Tracer
+	q    dbx.Querier   // direct, retrying serialization failures (serial.go): every statement but the listener's
+	// direct is the pool, or sdb adapted. queryGrant retries around it.
+	direct dbx.Querier
+	cfg    config
+	log    *slog.Logger
+	m      *metrics
+	tr     *spans.Tracer
 	// fenced configures the fenced transactions of Once and OnceTx with
 	// this Client's providers.
 	fenced []fencing.Option
@@ -54,6 +56,8 @@ type Client struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	serialOnce sync.Once // logs the first retry of a serialization failure
 
 	mu        sync.Mutex
 	held      map[string]*Lease // by name: renewed by the keepalive
@@ -83,7 +87,8 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.pool, c.q = pool, pool
+	c.pool = pool
+	c.setQuerier(pool)
 	c.start()
 	return c, nil
 }
@@ -132,6 +137,11 @@ func configure(opts []Option, dbsql bool) (*Client, error) {
 	}
 	c.unregisterGauges = c.registerGauges(mp)
 	return c, nil
+}
+
+// setQuerier sets the Client's statements to run over q.
+func (c *Client) setQuerier(q dbx.Querier) {
+	c.direct, c.q = q, serialQuerier{q: q, c: c}
 }
 
 // start starts the keepalive goroutine.
@@ -363,7 +373,9 @@ func (c *Client) forceRelease(ctx context.Context, name string, timeout time.Dur
 		}
 	}()
 	var live *bool
-	err := q.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
+	err := c.serially(ctx, func() error {
+		return q.QueryRow(ctx, sqlForceRelease, name, max(timeout.Milliseconds(), 1)).Scan(&live)
+	})
 	stop()
 	wg.Wait()
 	if err == nil || !isLockTimeout(err) {

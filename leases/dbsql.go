@@ -44,7 +44,8 @@ func NewDB(db *sql.DB, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.sdb, c.q = db, dbx.SQL(db)
+	c.sdb = db
+	c.setQuerier(dbx.SQL(db))
 	c.start()
 	return c, nil
 }

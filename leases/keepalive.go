@@ -419,7 +419,11 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 	ctx, span := c.tr.Start(ctx, spanRenew, spanName, spanFence)
 	var err error
 	defer func() { span.End(0, err) }()
-	if err = c.renewRows(ctx, buf); err != nil {
+	err = c.serially(ctx, func() error {
+		buf.results = buf.results[:0]
+		return c.renewRows(ctx, buf)
+	})
+	if err != nil {
 		return failed(err)
 	}
 	results := buf.results

@@ -108,21 +108,23 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 		// ends while the lease is still held: fn did the period's work, and
 		// not recording it would have the next holder do it again. The
 		// fenced transaction refuses the record if the lease was lost.
+		// Under REPEATABLE READ or SERIALIZABLE (a role's default) the
+		// lease's own renewal fails the record with 40001: run it again.
 		var recorded bool
-		var err error
-		if c.pool != nil {
-			err = fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
-				var err error
-				recorded, err = MarkDone(ctx, tx, name, period)
-				return err
-			}, c.fenced...)
-		} else {
-			err = fencing.InDBTx(ctx, c.sdb, l.Token(), func(tx *sql.Tx) error {
+		err := c.serially(ctx, func() error {
+			if c.pool != nil {
+				return fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
+					var err error
+					recorded, err = MarkDone(ctx, tx, name, period)
+					return err
+				}, c.fenced...)
+			}
+			return fencing.InDBTx(ctx, c.sdb, l.Token(), func(tx *sql.Tx) error {
 				var err error
 				recorded, err = markDone(ctx, dbx.SQL(tx), name, period)
 				return err
 			}, c.fenced...)
-		}
+		})
 		if err != nil {
 			return false, within(fmt.Sprintf("once %q: record period %q", name, period), err)
 		}

@@ -29,7 +29,7 @@ import (
 // per row to buf.results, matched to its lease by name.
 func (c *Client) renewRows(ctx context.Context, buf *renewBuf) error {
 	if c.pool == nil {
-		return renewQuery(ctx, c.q, buf)
+		return renewQuery(ctx, c.direct, buf)
 	}
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {

@@ -34,8 +34,12 @@ var errInDoubt = errors.New("grant in doubt: no answer from the server after the
 // queryGrant runs query, a grant, on a connection of its own and scans its
 // one row into dest, settling the statement if ctx ends first (see above).
 func (c *Client) queryGrant(ctx context.Context, query string, args []any, dest ...any) error {
+	return c.serially(ctx, func() error { return c.queryGrantOnce(ctx, query, args, dest) })
+}
+
+func (c *Client) queryGrantOnce(ctx context.Context, query string, args []any, dest []any) error {
 	if ctx.Done() == nil { // it never ends: nothing to settle
-		return c.q.QueryRow(ctx, query, args...).Scan(dest...)
+		return c.direct.QueryRow(ctx, query, args...).Scan(dest...)
 	}
 	if c.pool != nil {
 		return c.queryGrantPgx(ctx, query, args, dest)

@@ -22,6 +22,8 @@ const (
 	LockNotAvailable       = "55P03" // lock_timeout expired
 	QueryCanceled          = "57014" // a cancel request or statement_timeout
 	AdminShutdown          = "57P01" // pg_terminate_backend or a server shutdown
+	SerializationFailure   = "40001" // repeatable read or serializable: a concurrent update or dependency
+	DeadlockDetected       = "40P01"
 )
 
 // Hints, one per cause. They are advice, so they live here and in the
