@@ -126,7 +126,7 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 			}, c.fenced...)
 		})
 		if err != nil {
-			return false, within(fmt.Sprintf("once %q: record period %q", name, period), err)
+			return false, recordError{within(fmt.Sprintf("once %q: record period %q", name, period), err)}
 		}
 		return recorded, nil
 	})
@@ -175,7 +175,7 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 		case errors.Is(err, errAlreadyDone):
 			return false, nil
 		case err != nil && fnErr == nil: // the fenced transaction's, not fn's
-			return false, within(fmt.Sprintf("once %q: period %q", name, period), err)
+			return false, recordError{within(fmt.Sprintf("once %q: period %q", name, period), err)}
 		}
 		return err == nil, err
 	})
@@ -183,8 +183,9 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 
 // once validates, skips a period already done, and runs body under the
 // lease until body reports the period done by it or by someone else,
-// fails, or ctx ends. A lost lease or stale token means nothing was
-// recorded by this grant: it takes the lease again.
+// fails, or ctx ends. A lost lease, or the record refused for a stale
+// token, means nothing was recorded by this grant: it takes the lease
+// again.
 func (c *Client) once(ctx context.Context, name, period string, ttl time.Duration, opts []OnceOption,
 	body func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error)) (bool, error) {
 	if err := validate(name, ttl); err != nil {
@@ -227,13 +228,31 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 			return true, nil
 		case err == nil:
 			return false, nil
-		case ctx.Err() == nil && (lost || fencing.IsStale(err)):
-			// This grant lost, not fn failing with another lease's ErrLost.
+		case ctx.Err() == nil && (lost || staleRecord(err)):
+			// This grant lost, not fn failing with another lease's ErrLost
+			// or stale token.
 			c.log.Warn("leases: lease lost before the period was recorded; trying again", "name", name, "period", period, "fence", l.Fence(), "err", err)
 			continue
 		}
 		return false, err
 	}
+}
+
+// recordError is an error of the transaction that records the period
+// (Once's record, OnceTx's transaction), not of fn.
+type recordError struct{ err error }
+
+func (e recordError) Error() string { return e.err.Error() }
+func (e recordError) Unwrap() error { return e.err }
+
+// staleRecord reports whether err is the record's transaction rejected
+// for a stale token: this grant was taken over, even if its release could
+// not tell (a database error). fn's own stale errors (of another lease's
+// fenced transaction) do not count; when this grant's are, its release
+// finds it gone.
+func staleRecord(err error) bool {
+	var re recordError
+	return errors.As(err, &re) && fencing.IsStale(re.err)
 }
 
 // OnceDone returns the record of period of the job name, and whether there
