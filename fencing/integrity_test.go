@@ -144,6 +144,52 @@ func currentDecl(t *testing.T, conn *pgx.Conn, tok fencing.Token) string {
 	return xid + ":" + strconv.FormatInt(tok.Fence, 10) + ":" + tok.Lease
 }
 
+// TestDetachedIsListed (scenario: a partition detached, a child made NO
+// INHERIT, after protect ran). The detached partition loses the row guard
+// cloned from its parent and keeps its own TRUNCATE guard: its writes are
+// not fenced while it looks protected. Before migration 18,
+// pgfence.unguarded() did not list it (it started only from tables with a
+// row guard of their own); now it does until protect runs on it again or
+// its TRUNCATE guard is dropped. A child made NO INHERIT keeps both of its
+// own triggers: guarded, not listed.
+func TestDetachedIsListed(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	mustExec(t, pool, `CREATE TABLE regions (id int, fence bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id)`)
+	mustExec(t, pool, `CREATE TABLE regions_1 PARTITION OF regions FOR VALUES FROM (0) TO (100)`)
+	mustExec(t, pool, `CREATE TABLE regions_2 PARTITION OF regions FOR VALUES FROM (100) TO (200)`)
+	mustExec(t, pool, `CREATE TABLE birds (id int, fence bigint NOT NULL DEFAULT 0)`)
+	mustExec(t, pool, `CREATE TABLE owls () INHERITS (birds)`)
+	for _, table := range []string{"regions", "birds"} {
+		if err := fencing.Protect(bg, pool, table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantUnguarded(t, pool)
+	mustExec(t, pool, `ALTER TABLE regions DETACH PARTITION regions_2`)
+	mustExec(t, pool, `ALTER TABLE owls NO INHERIT birds`)
+	// The detached partition takes writes without a token: unguarded.
+	if _, err := pool.Exec(bg, `INSERT INTO regions_2 (id) VALUES (150)`); err != nil {
+		t.Fatalf("a write to the detached partition: %v; want it unguarded (the premise of this test)", err)
+	}
+	_, err := pool.Exec(bg, `INSERT INTO owls (id) VALUES (1)`)
+	wantNoToken(t, err)
+	wantUnguarded(t, pool, "regions_2")
+	var parent, missing string
+	if err := pool.QueryRow(bg, `SELECT parent::text, missing FROM pgfence.unguarded()`).Scan(&parent, &missing); err != nil {
+		t.Fatal(err)
+	}
+	if parent != "regions_2" || missing != "pgfence_guard" {
+		t.Errorf("unguarded() row of regions_2: parent %q, missing %q; want regions_2, pgfence_guard", parent, missing)
+	}
+	if err := fencing.Protect(bg, pool, "regions_2"); err != nil {
+		t.Fatal(err)
+	}
+	wantUnguarded(t, pool)
+	_, err = pool.Exec(bg, `INSERT INTO regions_2 (id) VALUES (151)`)
+	wantNoToken(t, err)
+}
+
 // TestInheritanceChildren (scenario: protect on a table with inheritance
 // children). The children are protected with the parent: INSERT into a
 // child and UPDATE through the parent need a token; a child added later

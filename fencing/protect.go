@@ -47,8 +47,9 @@ const maxIdentifier = 63
 // it after attaching a partition or adding a child (`pgfence check` lists
 // tables left unguarded). A partition detached from a protected table
 // loses the row trigger it had from its parent and keeps its own TRUNCATE
-// trigger: half guarded, and not listed. Protect it again if it is to stay
-// protected (or drop its trigger pgfence_guard_truncate).
+// trigger: half guarded, which `pgfence check` lists (migration 18).
+// Protect it again if it is to stay protected (or drop its trigger
+// pgfence_guard_truncate).
 //
 // Protect is safe to repeat: it replaces the triggers. It needs a role that
 // owns the table and is a pgfence_client (migration 13; before it, the

@@ -58,7 +58,9 @@
 // to them. Up and Down run every file with pg_catalog alone on the path.
 // Migration 17 adds pgfence.prune(older_than_us, max_rows), for
 // operators: it deletes lease rows expired long ago and raises the fence
-// floor to the highest fence it deletes.
+// floor to the highest fence it deletes. Migration 18 makes
+// pgfence.unguarded() list a partition detached from a protected table,
+// which keeps its TRUNCATE guard but loses the row guard.
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.

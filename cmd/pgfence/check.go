@@ -26,7 +26,9 @@ for cron or a Nagios-style monitor. Only the current database is checked.
 Reported:
   - tables below a protected table (partitions, inheritance children) that
     were added after pgfence.protect ran and lack the guard's triggers
-    (pgfence.unguarded(); protect the parent again to fix them);
+    (pgfence.unguarded(); protect the parent again to fix them), and
+    partitions detached from one, which keep half of the guard (protect
+    them, or drop their pgfence_guard_truncate);
   - leases of pgfence.lease_status that have not expired and were acquired
     longer than --max-hold ago (held_for > D, by the database clock);
   - advisory locks (pglock's single-bigint keys) that a session has waited
@@ -133,7 +135,7 @@ type checkReport struct {
 	LockWaits      []longWait `json:"lock_waits"`
 	// Unguarded are tables below a protected table (partitions, inheritance
 	// children) that lack one of the guard's triggers: added after
-	// pgfence.protect ran. Running it again fixes them.
+	// pgfence.protect ran (running it again fixes them), or detached since.
 	Unguarded []unguardedTable `json:"unguarded"`
 	// BlockedTakeovers are sessions that have waited longer than
 	// --max-wait for a lease's fence lock.
