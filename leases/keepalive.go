@@ -454,7 +454,9 @@ func (c *Client) renewBatchBuf(ctx context.Context, rs []renewal, why lostCause,
 			c.m.recordRenewal(name, renewBusy)
 			again = true
 		default:
-			c.m.recordRenewal(name, renewLost)
+			if l.state == stateHeld { // else its Release ended the grant, and accounts for it
+				c.m.recordRenewal(name, renewLost)
+			}
 			lost = append(lost, l)
 		}
 	}

@@ -53,7 +53,7 @@ type renewOutcome uint8
 const (
 	renewRenewed renewOutcome = iota // the database extended the grant
 	renewBusy                        // the row was locked (a fenced transaction): retried shortly
-	renewLost                        // the grant was gone: the lease is lost
+	renewLost                        // the grant was gone: the lease is lost (not when its own Release ended it)
 	renewError                       // the statement failed: retried until the local deadline
 	numRenewOutcomes
 )

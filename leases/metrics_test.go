@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
@@ -392,5 +393,57 @@ func TestMetricsOnceRejectedOnClientProvider(t *testing.T) {
 	}
 	if p := metrictest.Find(t, mr.Collect(t), "pgfence.fenced_writes.rejected", "reason=stale"); p.Sum != 1 {
 		t.Errorf("fenced_writes.rejected{reason=stale} = %v, want 1", p.Sum)
+	}
+}
+
+// A renewal on its way when its lease's own Release commits finds the
+// grant gone: that is the release's doing, not a loss, and counts no
+// renewals{outcome=lost} — an alert on that series would fire on every
+// such race. Before, it counted one.
+func TestRenewalRacingReleaseIsNoLoss(t *testing.T) {
+	t.Parallel()
+	mr := metrictest.New(t)
+	h := &heldRenewals{armed: make(chan struct{}), proceed: make(chan struct{}),
+		started: make(chan struct{}, 8), ended: make(chan struct{}, 8)}
+	pool := pgtest.PoolFor(t, pgtest.URL(t), func(c *pgxpool.Config) { c.ConnConfig.Tracer = h })
+	c := newClient(t, pool, WithMeterProvider(mr.MP))
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "raced", 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(h.armed)
+	select {
+	case <-h.started: // the keepalive's renewal, TTL/3 after the grant, is on its way
+	case <-ctx.Done():
+		t.Fatal("no renewal")
+	}
+	released := make(chan error, 1)
+	go func() { released <- l.Release(ctx) }()
+	// The release commits first unless it waits for the renewal: polled,
+	// for a second at most (it commits within a round trip).
+	pgtest.Poll(time.Second, func() bool {
+		var ended bool
+		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'raced'`).Scan(&ended)
+		return err == nil && ended
+	})
+	close(h.proceed)
+	<-h.ended
+	if err := <-released; err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	// Close waits for the keepalive, which records the renewal's outcome
+	// after the statement's end.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := mr.Collect(t)
+	for _, p := range got[metricRenewals] {
+		if strings.Contains(p.Attrs, "outcome=lost") && p.Sum != 0 {
+			t.Errorf("renewals{%s} = %v after a renewal raced its own lease's release; want none", p.Attrs, p.Sum)
+		}
+	}
+	if p := metrictest.Find(t, got, metricHold, "outcome=released"); p.Count != 1 {
+		t.Errorf("hold{outcome=released} count = %d, want 1", p.Count)
 	}
 }
