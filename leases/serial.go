@@ -30,9 +30,10 @@ const (
 )
 
 // retryable reports whether err rolled its statement's transaction back
-// for a reason that running it again can clear.
+// for a reason that running it again can clear. Any driver's error: lib/pq
+// through database/sql as well as pgx.
 func retryable(err error) bool {
-	switch pgerr.Code(err) {
+	switch dbx.SQLState(err) {
 	case pgerr.SerializationFailure, pgerr.DeadlockDetected:
 		return true
 	}
@@ -47,7 +48,7 @@ func (c *Client) serially(ctx context.Context, f func() error) error {
 		c.serialOnce.Do(func() {
 			c.log.Warn("leases: a statement was retried after a serialization failure or deadlock; "+
 				"leases expect default_transaction_isolation = 'read committed' (docs/production.md)",
-				"sqlstate", pgerr.Code(err))
+				"sqlstate", dbx.SQLState(err))
 		})
 		backoff := min(serialBackoff<<(attempt-1), serialMaxBackoff)
 		t := time.NewTimer(rand.N(backoff) + 1)
