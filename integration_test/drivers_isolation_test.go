@@ -75,7 +75,7 @@ func TestDriversSerializableDefault(t *testing.T) {
 		}
 		logMu.Lock()
 		defer logMu.Unlock()
-		if !bytes.Contains(logs.Bytes(), []byte("retried after a serialization failure")) {
+		if !bytes.Contains(logs.Bytes(), []byte("retrying a statement after a serialization failure")) {
 			t.Errorf("no statement was retried: the clients did not contend under SERIALIZABLE (logs:\n%s)", logs.String())
 		}
 	})

@@ -48,7 +48,7 @@ func TestNonDefaultIsolation(t *testing.T) {
 				}
 				prefix := strings.ReplaceAll(level, " ", "-") + "/" + driver + "/"
 				testContention(t, cs, prefix)
-				if !strings.Contains(logs.String(), "retried after a serialization failure") {
+				if !strings.Contains(logs.String(), "retrying a statement after a serialization failure") {
 					t.Errorf("no statement was retried: the test did not contend under %s (logs:\n%s)", level, logs.String())
 				}
 			})

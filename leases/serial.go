@@ -46,8 +46,7 @@ func (c *Client) serially(ctx context.Context, f func() error) error {
 	err := f()
 	for attempt := 1; err != nil && retryable(err) && attempt < serialAttempts; attempt++ {
 		c.serialOnce.Do(func() {
-			c.log.Warn("leases: a statement was retried after a serialization failure or deadlock; "+
-				"leases expect default_transaction_isolation = 'read committed' (docs/production.md)",
+			c.log.Warn("leases: retrying a statement after a serialization failure; is default_transaction_isolation read committed?",
 				"sqlstate", dbx.SQLState(err))
 		})
 		backoff := min(serialBackoff<<(attempt-1), serialMaxBackoff)
