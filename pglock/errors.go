@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/names"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 var (
@@ -159,10 +160,15 @@ func (i Info) session() string {
 // ctx's error (err kept in the chain and the text): what the driver says
 // then — a closed connection ("driver: bad connection" from
 // database/sql), a lock timeout — is the consequence of ctx ending, and
-// callers match ctx's error with errors.Is.
+// callers match ctx's error with errors.Is. While ctx lasts, err is
+// prefixed with its hint (internal/pgerr): a role's statement_timeout or
+// lock_timeout, say, ended the wait.
 func ctxFirst(ctx context.Context, err error) error {
 	cause := context.Cause(ctx)
-	if cause == nil || errors.Is(err, cause) {
+	if cause == nil {
+		return pgerr.WithHint(err)
+	}
+	if errors.Is(err, cause) {
 		return err
 	}
 	return fmt.Errorf("%w (%w)", cause, err)

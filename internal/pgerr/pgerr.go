@@ -31,8 +31,9 @@ const (
 const (
 	HintNotMigrated = "schema pgfence missing or out of date: run `pgfence migrate up`"
 	HintPrivileges  = "the role lacks privileges on schema pgfence: GRANT pgfence_client (or pgfence_operator, for force-release, fence bump and check) TO it"
-	HintStandby     = "connected to a standby (read-only): use the primary, e.g. a multi-host connection string with target_session_attrs=read-write"
+	HintStandby     = "read-only transaction: connected to a standby, or the role or database sets default_transaction_read_only = on; use the primary (e.g. a multi-host connection string with target_session_attrs=read-write) with a role that may write"
 	HintLockTimeout = "the session's lock_timeout ended the wait"
+	HintCanceled    = "the server cancelled the statement: the session's statement_timeout (pgfence's waits need statement_timeout = 0, or above the longest wait), or a cancel request"
 	HintTerminated  = "the server ended the session (pg_terminate_backend or a shutdown)"
 )
 
@@ -57,6 +58,8 @@ func Hint(err error) string {
 		return HintStandby
 	case LockNotAvailable:
 		return HintLockTimeout
+	case QueryCanceled:
+		return HintCanceled
 	case AdminShutdown:
 		return HintTerminated
 	}

@@ -24,6 +24,7 @@ func TestHint(t *testing.T) {
 		{pg(InsufficientPrivilege), HintPrivileges, true},
 		{pg(ReadOnlySQLTransaction), HintStandby, false},
 		{pg(LockNotAvailable), HintLockTimeout, false},
+		{pg(QueryCanceled), HintCanceled, false},
 		{pg(AdminShutdown), HintTerminated, false},
 		{pg("23505"), "", false},
 		{pg("22P05"), "", true}, // untranslatable_character

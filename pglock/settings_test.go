@@ -1,0 +1,75 @@
+package pglock
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// withOptions adds "-c name=value" settings to databaseURL's options, as a
+// role's or database's defaults (ALTER ROLE ... SET) would set them.
+func withOptions(databaseURL string, settings ...string) string {
+	opts := "-c " + strings.Join(settings, " -c ")
+	sep := "?"
+	if strings.Contains(databaseURL, "?") {
+		sep = "&"
+	}
+	return databaseURL + sep + "options=" + strings.ReplaceAll(url.QueryEscape(opts), "+", "%20")
+}
+
+// TestRoleTimeoutsEndingAWaitAreNamed: a role or database may set
+// statement_timeout or lock_timeout. A blocking Lock carries a deadline of
+// ctx as its own lock_timeout, but the server's statement_timeout timer is
+// armed before the statement runs, so a statement_timeout shorter than the
+// wait ends it whatever ctx allows; without a deadline, the session's
+// lock_timeout bounds the wait. Lock returned the server's bare "canceling
+// statement due to statement timeout" (and "... lock timeout"); it now
+// says which setting did it (internal/pgerr's hints), over pgx and
+// database/sql.
+func TestRoleTimeoutsEndingAWaitAreNamed(t *testing.T) {
+	t.Parallel()
+	base := pgtest.URL(t)
+	holderPool := newPool(t, base, 2)
+	ctx := testContext(t)
+	h, err := newLocker(t, holderPool).Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Unlock(context.Background()) })
+	cases := []struct {
+		setting string
+		ctx     context.Context // the waiter's
+		code    string
+		hint    string
+	}{
+		{"statement_timeout=300ms", ctx, pgerr.QueryCanceled, "statement_timeout"},
+		{"lock_timeout=200ms", context.Background(), pgerr.LockNotAvailable, "lock_timeout"},
+	}
+	for _, c := range cases {
+		for _, driver := range []string{"pgx", "database/sql"} {
+			t.Run(c.setting+"/"+driver, func(t *testing.T) {
+				t.Parallel()
+				pool := newPool(t, withOptions(base, c.setting), 2)
+				l := newLocker(t, pool)
+				if driver == "database/sql" {
+					l = dbLocker(t, pool)
+				}
+				lk, err := l.Lock(c.ctx, "held")
+				if err == nil {
+					_ = lk.Unlock(ctx)
+					t.Fatal("Lock succeeded while another session held the lock")
+				}
+				if pgerr.Code(err) != c.code {
+					t.Fatalf("Lock: %v; want SQLSTATE %s", err, c.code)
+				}
+				if !strings.Contains(err.Error(), c.hint) {
+					t.Errorf("Lock: %v; want a hint naming %s", err, c.hint)
+				}
+			})
+		}
+	}
+}
