@@ -181,10 +181,6 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 		return err
 	}
 	return withConn(ctx, databaseURL, func(conn *pgx.Conn, b bookkeeping) error {
-		if err := b.lock(ctx, conn); err != nil {
-			return err
-		}
-		defer b.unlock(conn)
 		// The files name pgfence's objects schema-qualified and
 		// PostgreSQL's unqualified. With the role's own search path, a
 		// look-alike that another role created in one of its schemas
@@ -193,9 +189,20 @@ func run(ctx context.Context, databaseURL string, dir direction) error {
 		// this role by a DO block, or bound into a SQL function's body.
 		// pg_catalog alone leaves no choice; the bookkeeping table was
 		// found with the role's path, and is named schema-qualified.
-		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)`); err != nil {
-			return fmt.Errorf("pin the search path: %w", err)
+		//
+		// statement_timeout is 0 for this session: a role's or database's
+		// default (ALTER ROLE ... SET statement_timeout) would end the wait
+		// for the migration lock, which ctx bounds, and a file part-way,
+		// which must run to its end (migration 9 waits up to 10 minutes
+		// for fenced transactions) and would leave the version dirty.
+		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),
+       pg_catalog.set_config('statement_timeout', '0', false)`); err != nil {
+			return fmt.Errorf("pin the search path and statement_timeout: %w", err)
 		}
+		if err := b.lock(ctx, conn); err != nil {
+			return err
+		}
+		defer b.unlock(conn)
 		// Created only when missing, as golang-migrate does: CREATE TABLE
 		// IF NOT EXISTS needs CREATE on the schema even when the table is
 		// there, which a replica's least-privileged role lacks. Under the

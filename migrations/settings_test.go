@@ -2,9 +2,11 @@ package migrations_test
 
 import (
 	"context"
+	"hash/crc32"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
@@ -30,5 +32,52 @@ func TestUpDownUnderOddSessionSettings(t *testing.T) {
 	}
 	if err := migrations.Up(ctx, u); err != nil {
 		t.Fatalf("Up after Down: %v", err)
+	}
+}
+
+// TestUpWaitsPastTheRolesStatementTimeout: a role or database may set
+// statement_timeout (ALTER ROLE app SET statement_timeout = '2s'). Up
+// waits for the migration lock while another migrator holds it, for as
+// long as ctx allows, and a migration's file runs to its end (migration
+// 9 waits up to 10 minutes for fenced transactions): the role's timeout
+// cut both short. Up returned "take the migration lock: ERROR: canceling
+// statement due to statement timeout (SQLSTATE 57014)" as soon as the
+// timeout passed; it now runs its session with statement_timeout 0.
+func TestUpWaitsPastTheRolesStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	base := pgtest.EmptyURL(t)
+	holder := connect(t, base)
+	var db string
+	if err := holder.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	// golang-migrate's lock ID for (db, public, Table) (see advisoryLockID).
+	lockID := int64(crc32.ChecksumIEEE([]byte("public\x00"+migrations.Table+"\x00"+db)) * uint32(1486364155))
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockID); err != nil {
+		t.Fatal(err)
+	}
+	u := withParam(base, "options=-c%20statement_timeout%3D300ms")
+	done := make(chan error, 1)
+	go func() { done <- migrations.Up(ctx, u) }()
+	// Up must still be waiting well after its statement_timeout.
+	for waited := false; !waited; {
+		select {
+		case err := <-done:
+			t.Fatalf("Up returned while another session held the migration lock: %v", err)
+		default:
+		}
+		if err := holder.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		   AND waitstart < clock_timestamp() - interval '1 second'
+		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waited); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockID); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Up: %v", err)
 	}
 }
