@@ -1,0 +1,95 @@
+package leases
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// withOptions adds "-c name=value" settings to databaseURL's options, as a
+// role's or database's defaults (ALTER ROLE ... SET) would set them.
+func withOptions(databaseURL string, settings ...string) string {
+	opts := "-c " + strings.Join(settings, " -c ")
+	sep := "?"
+	if strings.Contains(databaseURL, "?") {
+		sep = "&"
+	}
+	return databaseURL + sep + "options=" + strings.ReplaceAll(url.QueryEscape(opts), "+", "%20")
+}
+
+// TestTakeoverWaitsPastTheRolesLockTimeout (scenario: a lease's grant has
+// expired while its holder's fenced transaction stays open, and the
+// taker's role sets lock_timeout, as many do to guard DDL). The takeover
+// waits for the fence lock until that transaction ends, as long as its
+// context allows. Acquire and TryAcquire returned "the session's
+// lock_timeout ended the wait: ERROR: canceling statement due to lock
+// timeout (SQLSTATE 55P03)" after 200ms instead (migration 18).
+func TestTakeoverWaitsPastTheRolesLockTimeout(t *testing.T) {
+	t.Parallel()
+	for _, try := range []bool{false, true} {
+		name := "Acquire"
+		if try {
+			name = "TryAcquire"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			u, pool, ctx := protectedWork(t)
+			old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			holder := namedConn(t, ctx, u, "holder")
+			openFencedWrite(t, ctx, holder, old)
+			pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool {
+				var expired bool
+				err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'job'`).Scan(&expired)
+				return err == nil && expired
+			})
+			takerPool := pgtest.PoolFor(t, withOptions(u, "lock_timeout=200ms"))
+			var lt string
+			if err := takerPool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil || lt != "200ms" {
+				t.Fatalf("the taker's lock_timeout = %q, %v; want 200ms", lt, err)
+			}
+			taker := newClient(t, takerPool)
+			took := make(chan error, 1)
+			go func() {
+				take := taker.Acquire
+				if try {
+					take = func(ctx context.Context, name string, ttl time.Duration, opts ...AcquireOption) (*Lease, error) {
+						return taker.TryAcquire(ctx, name, ttl, opts...)
+					}
+				}
+				l, err := take(ctx, "job", time.Minute)
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				took <- err
+			}()
+			// The takeover must still wait, well past its lock_timeout.
+			pgtest.WaitFor(t, testTimeout, "the takeover to wait for the fence lock for a second", func() bool {
+				select {
+				case err := <-took:
+					t.Fatalf("the takeover returned while the former holder's fenced transaction was open: %v", err)
+				default:
+				}
+				var n int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+				   AND waitstart < clock_timestamp() - interval '1 second'
+				   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n > 0
+			})
+			if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-took; err != nil {
+				t.Fatalf("the takeover: %v", err)
+			}
+		})
+	}
+}
