@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -91,5 +92,23 @@ func TestTakeoverWaitsPastTheRolesLockTimeout(t *testing.T) {
 				t.Fatalf("the takeover: %v", err)
 			}
 		})
+	}
+}
+
+// TestReadOnlyDefaultIsNamed: a role or database may set
+// default_transaction_read_only = on, on a primary; a grant then fails
+// with the SQLSTATE a standby raises (25006). The error said "connected to
+// a standby", which sent the operator to look for a failover; it names
+// the setting too.
+func TestReadOnlyDefaultIsNamed(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	c := newClient(t, pgtest.PoolFor(t, withOptions(pgtest.URL(t), "default_transaction_read_only=on")))
+	_, err := c.TryAcquire(ctx, "job", time.Minute)
+	if pgerr.Code(err) != pgerr.ReadOnlySQLTransaction {
+		t.Fatalf("TryAcquire in a read-only session: %v; want SQLSTATE 25006", err)
+	}
+	if !strings.Contains(err.Error(), "default_transaction_read_only") {
+		t.Errorf("TryAcquire in a read-only session: %v; want the hint to name default_transaction_read_only", err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // defaultFenceGap is pgfence.bump_fence's default: an hour, in
@@ -20,7 +22,8 @@ const defaultFenceGap int64 = 3_600_000_000
 // the database clock; it returns the new floor.
 const sqlBumpFence = `SELECT pgfence.bump_fence($1::bigint)`
 
-// sqlstateReadOnly is what bump_fence raises on a standby
+// sqlstateReadOnly is what bump_fence raises on a standby, or in a session
+// whose role or database sets default_transaction_read_only
 // (read_only_sql_transaction).
 const sqlstateReadOnly = "25006"
 
@@ -85,7 +88,7 @@ func bumpError(err error) error {
 // operatorError explains, by SQLSTATE, the likely causes of a failed call
 // of an operator's function by command op: missing (the schema is older
 // than the function), a role that may not do what (only
-// pgfence_operator may), a standby.
+// pgfence_operator may), a standby or a read-only default.
 func operatorError(op, missing, what string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -95,7 +98,9 @@ func operatorError(op, missing, what string, err error) error {
 		case sqlstateInsufficientPriv:
 			return fmt.Errorf("%s: only pgfence_operator (or the role that applied pgfence's migrations) may %s (%w)", op, what, err)
 		case sqlstateReadOnly:
-			return fmt.Errorf("%s: this server is a standby; connect to the primary (%w)", op, err)
+			// A standby, or default_transaction_read_only on a primary:
+			// the same SQLSTATE; pgerr's hint names both.
+			return fmt.Errorf("%s: %s (%w)", op, pgerr.HintStandby, err)
 		}
 	}
 	return fmt.Errorf("%s: %w", op, err)

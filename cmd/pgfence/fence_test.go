@@ -74,3 +74,20 @@ func TestFenceBump(t *testing.T) {
 		t.Errorf("fence bump as an application role: exit %d, stderr %q; want 1 and who may bump", r.code, r.stderr)
 	}
 }
+
+// A role or database may set default_transaction_read_only = on, on a
+// primary: fence bump then fails with the SQLSTATE a standby raises. It
+// said "this server is a standby; connect to the primary", which this
+// server was; it names the setting too.
+func TestFenceBumpReadOnlyDefault(t *testing.T) {
+	t.Parallel()
+	u := pgtest.URL(t)
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	r := db(t, u+sep+"options=-c%20default_transaction_read_only%3Don", "fence", "bump")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "default_transaction_read_only") {
+		t.Fatalf("fence bump in a read-only session: exit %d, stderr %q; want %d and default_transaction_read_only named", r.code, r.stderr, exitFailure)
+	}
+}
