@@ -114,6 +114,11 @@
 // answers by then, the connection is closed and the server ends the wait
 // when it next looks at the session.
 //
+// A statement_timeout that the role or database sets ends a wait whatever
+// ctx allows (the server starts its timer before the statement runs), and
+// without a deadline the session's lock_timeout bounds it: the error's
+// text then names the setting (docs/production.md, "Session settings").
+//
 // # Loss detection
 //
 // While a lock is held, one goroutine per Lock watches its session without
