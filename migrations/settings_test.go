@@ -62,18 +62,20 @@ func TestUpWaitsPastTheRolesStatementTimeout(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- migrations.Up(ctx, u) }()
 	// Up must still be waiting well after its statement_timeout.
-	for waited := false; !waited; {
+	pgtest.WaitFor(t, 30*time.Second, "Up to wait for the migration lock for a second", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("Up returned while another session held the migration lock: %v", err)
 		default:
 		}
+		var waited bool
 		if err := holder.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 		   AND waitstart < clock_timestamp() - interval '1 second'
 		   AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waited); err != nil {
 			t.Fatal(err)
 		}
-	}
+		return waited
+	})
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lockID); err != nil {
 		t.Fatal(err)
 	}
