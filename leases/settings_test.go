@@ -28,7 +28,7 @@ func withOptions(databaseURL string, settings ...string) string {
 // waits for the fence lock until that transaction ends, as long as its
 // context allows. Acquire and TryAcquire returned "the session's
 // lock_timeout ended the wait: ERROR: canceling statement due to lock
-// timeout (SQLSTATE 55P03)" after 200ms instead (migration 18).
+// timeout (SQLSTATE 55P03)" after 200ms instead (migration 19).
 func TestTakeoverWaitsPastTheRolesLockTimeout(t *testing.T) {
 	t.Parallel()
 	for _, try := range []bool{false, true} {

@@ -60,7 +60,9 @@
 // operators: it deletes lease rows expired long ago and raises the fence
 // floor to the highest fence it deletes. Migration 18 makes
 // pgfence.unguarded() list a partition detached from a protected table,
-// which keeps its TRUNCATE guard but loses the row guard.
+// which keeps its TRUNCATE guard but loses the row guard. Migration 19
+// makes a takeover wait for the former holder's fenced transaction
+// whatever lock_timeout the session has (a role's default ended it).
 //
 // Each migration file argues its rules; docs/design.md has the threat
 // model.

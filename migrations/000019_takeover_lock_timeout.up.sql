@@ -1,9 +1,22 @@
--- Reverts 000018_takeover_lock_timeout.up.sql: try_acquire as migration 9
--- wrote it.
+-- pgfence takeovers, version 19: a takeover waits for the former
+-- holder's fenced transaction whatever lock_timeout the session has.
+--
+-- A grant of a lease whose former grant expired while its holder's fenced
+-- transaction is still open waits for the fence lock until that
+-- transaction ends (see token_fence). A lock_timeout that the
+-- application's role or database sets (ALTER ROLE app SET lock_timeout =
+-- '200ms', a common guard for DDL) ended that wait: Acquire returned
+-- "canceling statement due to lock timeout" instead of waiting as its
+-- context allows. try_acquire now sets lock_timeout to 0 for that wait
+-- alone, on the path that waits; the fast path, which takes the fence lock
+-- without waiting, is unchanged. A statement_timeout still ends the wait:
+-- its timer starts before the statement runs (docs/production.md,
+-- "Session settings").
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
+-- try_acquire as migration 9 wrote it, but for the fence lock's wait.
 CREATE OR REPLACE FUNCTION pgfence.try_acquire(lease text, lease_owner text, ttl_us bigint, data text,
         OUT granted boolean, OUT holder text, OUT fence bigint, OUT acquired_at timestamptz,
         OUT renewed_at timestamptz, OUT expires_at timestamptz, OUT remaining_us bigint,
@@ -14,7 +27,8 @@ CREATE OR REPLACE FUNCTION pgfence.try_acquire(lease text, lease_owner text, ttl
 AS $$
 #variable_conflict use_column
 DECLARE
-    doc jsonb := CASE WHEN data IS NOT NULL THEN pgfence.check_data(data) END; -- no call without data
+    doc  jsonb := CASE WHEN data IS NOT NULL THEN pgfence.check_data(data) END; -- no call without data
+    prev text;
 BEGIN
     IF ttl_us IS NULL OR ttl_us < 1 THEN
         RAISE EXCEPTION USING
@@ -54,7 +68,15 @@ BEGIN
     IF FOUND THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock(1885824614, pg_catalog.hashtext(lease)); -- the fence lock: see token_fence
+    -- The fence lock: see token_fence. The wait lasts until the former
+    -- holder's fenced transaction ends, bounded by the caller (its
+    -- context's cancel request), not by a lock_timeout its role or
+    -- database sets for its own statements: set here, on this path only,
+    -- and restored before the upsert.
+    prev := pg_catalog.current_setting('lock_timeout');
+    PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+    PERFORM pg_advisory_xact_lock(1885824614, pg_catalog.hashtext(lease));
+    PERFORM pg_catalog.set_config('lock_timeout', prev, true);
     RETURN QUERY
     INSERT INTO pgfence.leases AS l (name, owner, fence, acquired_at, renewed_at, expires_at, metadata)
     VALUES (lease, lease_owner,
