@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,7 +58,8 @@ type Client struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	serialOnce sync.Once // logs the first retry of a serialization failure
+	serialOnce sync.Once   // logs the first retry of a serialization failure
+	utf8       atomic.Bool // the sessions' client_encoding was found UTF8 (encoding.go)
 
 	mu        sync.Mutex
 	held      map[string]*Lease // by name: renewed by the keepalive
@@ -286,6 +288,9 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 		return err
 	}
 	if err := c.usable(ctx); err != nil {
+		return err
+	}
+	if err := c.checkEncoding(ctx, fmt.Sprintf("force-release %q", name), name); err != nil {
 		return err
 	}
 	timeout := c.cfg.forceTimeout
