@@ -290,7 +290,7 @@ func (c *Client) ForceRelease(ctx context.Context, name string) error {
 	if err := c.usable(ctx); err != nil {
 		return err
 	}
-	if err := c.checkEncoding(ctx, fmt.Sprintf("force-release %q", name), name); err != nil {
+	if err := c.checkEncoding(ctx, "force-release", name); err != nil {
 		return err
 	}
 	timeout := c.cfg.forceTimeout

@@ -8,7 +8,7 @@ import (
 // sqlClientEncoding reads the session's client_encoding.
 const sqlClientEncoding = `SELECT pg_catalog.current_setting('client_encoding')`
 
-// checkEncoding refuses name when it is not ASCII and the sessions'
+// checkEncoding refuses name, the subject of op ("acquire"), when it is not ASCII and the sessions'
 // client_encoding is not UTF8 (a role's or database's default, say
 // LATIN1): the server would read Go's UTF-8 bytes as text in that
 // encoding and store another name — "café" as "cafÃ©" — so that a client
@@ -23,13 +23,13 @@ func (c *Client) checkEncoding(ctx context.Context, op, name string) error {
 	}
 	var enc string
 	if err := c.q.QueryRow(ctx, sqlClientEncoding).Scan(&enc); err != nil {
-		return dbError(op+": read client_encoding", err)
+		return dbError(fmt.Sprintf("%s %q: read client_encoding", op, name), err)
 	}
 	if enc == "UTF8" {
 		c.utf8.Store(true)
 		return nil
 	}
-	return invalid(fmt.Sprintf("leases: %s: name %q is not ASCII and the session's client_encoding is %s, "+
+	return invalid(fmt.Sprintf("leases: %s %q: the name is not ASCII and the session's client_encoding is %s, "+
 		"which stores it as another name: connect with client_encoding=UTF8", op, name, enc))
 }
 

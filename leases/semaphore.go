@@ -161,7 +161,7 @@ func (s *Semaphore) Holders(ctx context.Context) ([]Info, error) {
 // its expiry (zero when no slot is live but none was free to take).
 func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info, time.Duration, error) {
 	c := s.c
-	if err := c.checkEncoding(ctx, fmt.Sprintf("acquire a slot of semaphore %q", s.name), s.name); err != nil {
+	if err := c.checkEncoding(ctx, "acquire a slot of semaphore", s.name); err != nil {
 		return nil, Info{}, 0, err
 	}
 	owner := c.newOwner()
