@@ -228,6 +228,11 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 			return true, nil
 		case err == nil:
 			return false, nil
+		case errors.Is(l.Err(), ErrClosed) && !errors.Is(err, ErrClosed):
+			// Close ended the hold before the period was recorded: say
+			// so, as every method of a closed Client does, rather than
+			// with what fn or the record made of their context ending.
+			return false, fmt.Errorf("leases: once %q period %q: %w (%w)", name, period, ErrClosed, err)
 		case ctx.Err() == nil && (lost || staleRecord(err)):
 			// This grant lost, not fn failing with another lease's ErrLost
 			// or stale token.
