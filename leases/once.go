@@ -79,7 +79,9 @@ type OnceRecord struct {
 // recorded the period, (false, nil) when the period was done already (or
 // was done by another replica while this call waited for the lease), and
 // (false, err) when fn or the database failed — the period is then not
-// done, and the next caller runs it. fn runs under the lease name (ttl)
+// done, and the next caller runs it; if the client closes before the
+// period is recorded, err wraps ErrClosed (and fn's or the record's error,
+// if any). fn runs under the lease name (ttl)
 // with a context that ends when ctx ends or the lease is lost; after fn
 // returns nil, Once records the period in a fenced transaction, under ctx:
 // a hand-over request, which ends fn's context while the lease is still
