@@ -146,9 +146,12 @@ func (c *Client) Once(ctx context.Context, name, period string, ttl time.Duratio
 // lease row, which renewals cannot update: there fn must finish well within
 // the TTL (less the safety margin, TTL/10), or the lease is lost and the
 // transaction rolled back. Either way no other replica can take the lease
-// over while the transaction is open. If the lease is lost before the
-// commit, OnceTx takes the lease again and tries again, unless another
-// replica recorded the period meanwhile.
+// over while the transaction is open. Under those levels a serialization
+// failure of the record, before fn runs (the lease's own renewal can cause
+// one), runs the transaction again; one of fn's statements or of the
+// commit is returned. If the lease is lost before the commit, OnceTx takes
+// the lease again and tries again, unless another replica recorded the
+// period meanwhile.
 func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Duration,
 	fn func(ctx context.Context, tx pgx.Tx, l *Lease) error, opts ...OnceOption) (bool, error) {
 	if fn == nil {
@@ -158,21 +161,37 @@ func (c *Client) OnceTx(ctx context.Context, name, period string, ttl time.Durat
 		return false, invalid("leases: OnceTx needs a pgx pool (New); over database/sql use Once, or fencing.InDBTx")
 	}
 	return c.once(ctx, name, period, ttl, opts, func(ctx context.Context, l *Lease, cfg onceConfig) (bool, error) {
-		var fnErr error
-		err := fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
-			recorded, err := MarkDone(ctx, tx, name, period)
-			switch {
-			case err != nil:
-				return err
-			case !recorded:
-				return errAlreadyDone
+		var (
+			fnErr  error
+			called bool
+			err    error
+		)
+		// Under REPEATABLE READ or SERIALIZABLE (a role's default) the
+		// lease's own renewal, committed after the transaction's snapshot
+		// and before the record share-locks the lease row, fails the
+		// record with 40001: run the transaction again, as Once's record
+		// is. Not once fn has run: its transaction's outcome is fn's.
+		_ = c.serially(ctx, func() error {
+			err = fencing.InTx(ctx, c.pool, l.Token(), func(tx pgx.Tx) error {
+				recorded, err := MarkDone(ctx, tx, name, period)
+				switch {
+				case err != nil:
+					return err
+				case !recorded:
+					return errAlreadyDone
+				}
+				if err := l.HoldAtLeast(cfg.atLeast); err != nil {
+					return err
+				}
+				called = true
+				fnErr = fn(ctx, tx, l)
+				return fnErr
+			}, c.fenced...)
+			if called {
+				return nil
 			}
-			if err := l.HoldAtLeast(cfg.atLeast); err != nil {
-				return err
-			}
-			fnErr = fn(ctx, tx, l)
-			return fnErr
-		}, c.fenced...)
+			return err
+		})
 		switch {
 		case errors.Is(err, errAlreadyDone):
 			return false, nil
