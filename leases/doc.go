@@ -212,7 +212,9 @@
 //     still own, so that waiters need not wait for the margin to pass.
 //   - Release fails (PostgreSQL unreachable, ctx ended): the lease is
 //     released locally, and the client ends the grant in the background, or
-//     Close does; a lease under HoldAtLeast expires after its TTL instead.
+//     Close does (once Close has begun, Release tries once more itself,
+//     bounded by WithReleaseTimeout); a lease under HoldAtLeast expires
+//     after its TTL instead.
 //   - Missing or out-of-date schema: errors say "schema pgfence missing
 //     or out of date: run `pgfence migrate up`".
 //   - Close releases every held lease (one statement, bounded by

@@ -232,8 +232,9 @@ func (l *Lease) turn() chan struct{} {
 // lost (its work may not have been exclusive); another error when
 // PostgreSQL could not be reached — the lease is released locally anyway,
 // and the Client ends the grant in the background (Close does, if it
-// comes first) or else it expires after the TTL; calling Release again
-// retries. ctx bounds the statement.
+// comes first; once Close has begun, Release tries once more before it
+// returns, bounded by WithReleaseTimeout) or else it expires after the
+// TTL; calling Release again retries. ctx bounds the statement.
 // Concurrent calls take turns: a call made while another runs waits for it
 // (as long as ctx allows) and then returns nil if that one ended the grant.
 func (l *Lease) Release(ctx context.Context) error {
@@ -325,7 +326,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		if wasHeld {
 			c.released(l, end) // locally
 			if minHold == 0 {
-				c.endLater(l)
+				c.endLater(ctx, l)
 			}
 		}
 		return dbError(fmt.Sprintf("release %q", l.name), err)
@@ -358,12 +359,24 @@ func (c *Client) released(l *Lease, end time.Time) {
 }
 
 // endLater hands the grant of l, released locally but not ended (its
-// statement failed), to the keepalive to end, as it ends a lost lease's
-// (orphanLocked).
-func (c *Client) endLater(l *Lease) {
+// statement, under ctx, failed), to the keepalive to end, as it ends a
+// lost lease's (orphanLocked). Once Close has begun, neither the
+// keepalive nor Close (which ends what it holds, and l was no longer
+// held) would: it ends the grant itself, bounded by the release timeout
+// rather than by ctx, which may be what failed the statement.
+func (c *Client) endLater(ctx context.Context, l *Lease) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	closed := c.isClosed()
 	c.orphanLocked(l)
+	c.mu.Unlock()
+	if !closed || c.hooks.noKeepalive {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+	defer cancel()
+	if _, err := c.releaseBatch(rctx, "release after close", []*Lease{l}); err != nil {
+		c.log.Warn("leases: release after close failed; the grant expires after its TTL", "name", l.name, "fence", l.fence, "err", err)
+	}
 }
 
 // releasedLost records that Release found l's grant gone or expired: it
