@@ -85,8 +85,9 @@ func (c *Client) afterRun(l *Lease, fnErr, relErr error) error {
 // as fn honours its context. When an operator requests a hand-over
 // (RequestHandover), fn's context ends with cause ErrHandover; once fn
 // returns, Lead releases — a waiting candidate takes over within a round
-// trip — and campaigns again only after one TTL. opts configure each
-// grant (WithData: a leader's address, say).
+// trip — and campaigns again only after one TTL (a request that arrives
+// once fn has returned does not count: Lead returns fn's result). opts
+// configure each grant (WithData: a leader's address, say).
 func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
 	if fn == nil {
 		return invalid("leases: fn must not be nil")
@@ -123,11 +124,19 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		}
 		backoff = 100 * time.Millisecond
 		c.log.Info("leases: became leader", "name", name, "owner", l.owner, "fence", l.fence)
-		lost, err := c.lead(ctx, l, fn)
+		// A hand-over request counts if it ended fn's context before fn
+		// returned: one that lands while Lead releases after fn returned
+		// finds the leader stepping down anyway, and must not turn fn's
+		// result into a hand-over (and fn into a new campaign).
+		var handedOver bool
+		lost, err := c.lead(ctx, l, func(ctx context.Context, l *Lease) error {
+			defer func() { handedOver = errors.Is(context.Cause(l.ctx), ErrHandover) }()
+			return fn(ctx, l)
+		})
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.Is(context.Cause(l.ctx), ErrHandover) && !c.isClosed():
+		case handedOver && !c.isClosed():
 			// Stepped down on request: leave the lease to the other
 			// candidates, woken by the release, for a TTL before
 			// campaigning again.

@@ -1,0 +1,62 @@
+package leases
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// Lead returns fn's result when fn returns while still leader; a hand-over
+// request makes it step down and campaign again only if it ended fn's
+// context before fn returned. A request that lands after fn returned, while
+// Lead is releasing, is moot: the leader is stepping down anyway. Before,
+// Lead judged by the lease's context once released, so such a request
+// turned fn's return into a hand-over: Lead discarded fn's result, waited a
+// TTL and campaigned again, running fn again. Here Release is held up (the
+// test takes the lease's release turn) while the request is delivered.
+func TestLeadReturnsFnResultDespiteLateHandover(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t)
+	ctx := testContext(t)
+	returned := make(chan *Lease, 1)
+	calls := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Lead(ctx, "leader", 2*time.Second, func(ctx context.Context, l *Lease) error {
+			calls++
+			if calls > 1 {
+				return errors.New("fn ran again")
+			}
+			l.turn() <- struct{}{} // Release waits until the test lets it go
+			returned <- l
+			return nil
+		})
+	}()
+	var l *Lease
+	select {
+	case l = <-returned:
+	case <-ctx.Done():
+		t.Fatal("fn did not run")
+	}
+	if _, err := pool.Exec(ctx, `SELECT * FROM pgfence.request_handover('leader')`); err != nil {
+		t.Fatal(err)
+	}
+	// Deliver the request as the keepalive or a notification's recheck
+	// would, with the lease still held: fn has returned, Release waits.
+	l.renewMu.Lock()
+	c.renewBatch(ctx, []renewal{{l, l.TTL()}}, lostRenewRejected)
+	l.renewMu.Unlock()
+	if !errors.Is(context.Cause(l.Context()), ErrHandover) {
+		t.Fatalf("the hand-over request did not reach the lease (cause %v): the test tests nothing", context.Cause(l.Context()))
+	}
+	<-l.turn()
+	select {
+	case err := <-done:
+		if err != nil || calls != 1 {
+			t.Errorf("Lead = %v, fn ran %d times; want fn's nil, fn run once", err, calls)
+		}
+	case <-ctx.Done():
+		t.Fatal("Lead did not return")
+	}
+}
