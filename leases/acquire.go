@@ -360,6 +360,7 @@ func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac a
 			continue
 		}
 		if err != nil {
+			c.endUnread(ctx, name, owner, false, err)
 			return nil, Info{}, 0, dbError(fmt.Sprintf("acquire %q", name), err)
 		}
 		remaining := time.Duration(remainingUS) * time.Microsecond

@@ -185,6 +185,8 @@ func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info,
 	if err != nil {
 		if errors.Is(err, errNoRows) {
 			err = errors.New("pgfence.try_acquire_slot returned no row")
+		} else {
+			c.endUnread(ctx, s.name, owner, true, err)
 		}
 		return nil, Info{}, 0, dbError(fmt.Sprintf("acquire a slot of semaphore %q", s.name), err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -102,6 +103,30 @@ func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, des
 		dbx.Discard(sc)
 	}
 	return settled(answered, err)
+}
+
+// endUnread ends the grant of name (a semaphore's slot when slot) that
+// owner may hold after its grant statement failed with err while ctx
+// lasted and without an error of the server's: the answer was lost on the
+// way, or could not be read — pgx's text modes (exec, simple protocol)
+// cannot read the timestamps of a session whose DateStyle is not ISO. The
+// server may have committed the grant all the same, and nobody would know
+// its owner: it would stay held until its TTL. Best effort, bounded by
+// the release timeout.
+func (c *Client) endUnread(ctx context.Context, name, owner string, slot bool, err error) {
+	if err == nil || ctx.Err() != nil || errors.Is(err, errNoRows) || dbx.SQLState(err) != "" || pgconn.SafeToRetry(err) {
+		return // nothing answered, nothing sent, or the server's own error
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
+	defer cancel()
+	var n int64
+	if rerr := c.q.QueryRow(rctx, sqlEndUnread, name, owner, slot).Scan(&n); rerr != nil {
+		c.log.Warn("leases: could not end a grant whose answer was not read; it is held until it expires", "name", name, "owner", owner, "err", err, "end_err", rerr)
+		return
+	}
+	if n > 0 {
+		c.log.Warn("leases: ended a grant whose answer could not be read", "name", name, "owner", owner, "err", err)
+	}
 }
 
 // settled is the outcome of a grant's statement that ctx ended while it

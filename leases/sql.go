@@ -23,6 +23,15 @@ const (
        statement_timestamp()
   FROM pgfence.try_acquire($1, $2, $3, $4)`
 
+	// sqlEndUnread ends the grant, if any, of lease $1 (or, $3 true, of any
+	// slot of semaphore $1) that owner $2 holds: a grant whose answer the
+	// client could not read. The owner is drawn for one grant attempt, so
+	// the row names that attempt's grant. Its count is 0 when nothing was
+	// granted.
+	sqlEndUnread = `SELECT count(pgfence.release(l.name, l.owner, l.fence))
+  FROM pgfence.leases AS l
+ WHERE l.owner = $2 AND (l.name = $1 OR $3 AND starts_with(l.name, $1 || '#'))`
+
 	// sqlSetData replaces one grant's data. NULL: the grant is not live.
 	sqlSetData = `SELECT pgfence.set_data($1, $2, $3, $4)`
 
