@@ -20,6 +20,7 @@ func TestNilContextAndReceiver(t *testing.T) {
 	var nilCtx context.Context
 	var nilClient *Client
 	var nilLease *Lease
+	var nilSem *Semaphore
 	fn := func(context.Context, *Lease) error { return nil }
 	l, err := c.TryAcquire(testContext(t), "nil-input", time.Minute)
 	if err != nil {
@@ -79,6 +80,13 @@ func TestNilContextAndReceiver(t *testing.T) {
 		},
 		"nil client TryAcquire": func() error { _, err := nilClient.TryAcquire(testContext(t), "x", time.Minute); return err },
 		"nil client Get":        func() error { _, err := nilClient.Get(testContext(t), "x"); return err },
+		"nil semaphore Acquire": func() error { _, err := nilSem.Acquire(testContext(t), time.Minute); return err },
+		"nil semaphore TryAcquire": func() error {
+			_, err := nilSem.TryAcquire(testContext(t), time.Minute)
+			return err
+		},
+		"nil semaphore Run":     func() error { return nilSem.Run(testContext(t), time.Minute, fn) },
+		"nil semaphore Holders": func() error { _, err := nilSem.Holders(testContext(t)); return err },
 	}
 	for name, call := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -76,11 +76,24 @@ func (c *Client) checkTTL(ctx context.Context, ttl time.Duration) error {
 // slotName is the lease name of slot k of semaphore name.
 func slotName(name string, k int) string { return name + "#" + strconv.Itoa(k) }
 
-// Name returns the semaphore's name.
-func (s *Semaphore) Name() string { return s.name }
+// errNilSemaphore is the error of every call on a nil *Semaphore.
+func errNilSemaphore() error { return invalid("leases: semaphore is nil") }
 
-// Slots returns the number of slots.
-func (s *Semaphore) Slots() int { return s.slots }
+// Name returns the semaphore's name ("" for a nil Semaphore).
+func (s *Semaphore) Name() string {
+	if s == nil {
+		return ""
+	}
+	return s.name
+}
+
+// Slots returns the number of slots (0 for a nil Semaphore).
+func (s *Semaphore) Slots() int {
+	if s == nil {
+		return 0
+	}
+	return s.slots
+}
 
 // Acquire takes a free slot for ttl, waiting while all slots are held. It
 // returns the slot's Lease (Name "<name>#<k>", Slot k) when granted, ctx's
@@ -90,6 +103,9 @@ func (s *Semaphore) Slots() int { return s.slots }
 // database clock, and on a jittered poll (WithPollInterval). Within one
 // Client, waiters on a semaphore queue up and only the head attempts.
 func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (*Lease, error) {
+	if s == nil {
+		return nil, errNilSemaphore()
+	}
 	c := s.c
 	if err := c.checkTTL(ctx, ttl); err != nil {
 		return nil, err
@@ -109,6 +125,9 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (*Lease, err
 // Holder has only Name, the semaphore's, and an empty Owner (HeldError
 // says more). ctx bounds the statement.
 func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, error) {
+	if s == nil {
+		return nil, errNilSemaphore()
+	}
 	c := s.c
 	if err := c.checkTTL(ctx, ttl); err != nil {
 		return nil, err
@@ -125,6 +144,9 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 // Run takes a slot (waiting, like Acquire), runs fn under it and releases
 // it, as Client.Run does for a lease.
 func (s *Semaphore) Run(ctx context.Context, ttl time.Duration, fn func(ctx context.Context, l *Lease) error) error {
+	if s == nil {
+		return errNilSemaphore()
+	}
 	if fn == nil {
 		return invalid("leases: fn must not be nil")
 	}
@@ -138,6 +160,9 @@ func (s *Semaphore) Run(ctx context.Context, ttl time.Duration, fn func(ctx cont
 // Holders returns the live grants of the semaphore's slots, by slot
 // number. ctx bounds the query.
 func (s *Semaphore) Holders(ctx context.Context) ([]Info, error) {
+	if s == nil {
+		return nil, errNilSemaphore()
+	}
 	if err := s.c.usable(ctx); err != nil {
 		return nil, err
 	}
