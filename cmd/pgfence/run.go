@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence/internal/names"
 	"github.com/pgfence/pgfence/leases"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -121,6 +122,17 @@ func newRunCmd(g *globals) *cobra.Command {
 
 // resolve fills the defaults that depend on other flags and validates.
 func (o *runOptions) resolve(cmd *cobra.Command) error {
+	// A flag given an empty value (an unset variable: --once "$PERIOD")
+	// is a mistake, not the flag left out: --once "" would run the
+	// command every time, --lease "" --lock x would quietly take the lock.
+	for _, f := range []string{"lease", "lock"} {
+		if v, _ := cmd.Flags().GetString(f); v == "" && cmd.Flags().Changed(f) {
+			return usageErrorf("--%s must not be empty", f)
+		}
+	}
+	if o.once.key == "" && cmd.Flags().Changed("once") {
+		return usageErrorf("--once key %v", names.Check(o.once.key, leases.MaxPeriodLen))
+	}
 	if o.lease != "" && !cmd.Flags().Changed("grace") {
 		o.grace = min(defaultGrace, maxGrace(o.ttl))
 	}

@@ -39,6 +39,11 @@ func TestUsageErrors(t *testing.T) {
 		{"long lock name", []string{"run", "--lock", strings.Repeat("x", 201), "--", "true"}, "lock name must be 1..200 bytes, got 201"},
 		{"lock name not UTF-8", []string{"run", "--lock", "job\xff", "--", "true"}, "lock name must be valid UTF-8"},
 		{"once key not UTF-8", []string{"run", "--lease", "job", "--ttl", "5s", "--once", "\xff", "--", "true"}, "--once key must be valid UTF-8"},
+		// An empty value (an unset variable: --once "$PERIOD") is a
+		// mistake, not the flag left out: --once "" would run every time.
+		{"empty once key", []string{"run", "--lease", "job", "--ttl", "5s", "--once", "", "--", "true"}, "--once key must be 1..200 bytes, got 0"},
+		{"empty lease with lock", []string{"run", "--lease", "", "--lock", "job", "--", "true"}, "--lease must not be empty"},
+		{"empty lock with lease", []string{"run", "--lease", "job", "--lock", "", "--ttl", "5s", "--", "true"}, "--lock must not be empty"},
 		{"release without force", []string{"leases", "release", "job"}, "add --force"},
 		{"release without name", []string{"leases", "release", "--force"}, "accepts 1 arg"},
 		{"locks key without name", []string{"locks", "key"}, "accepts 1 arg"},
