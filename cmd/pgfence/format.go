@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 )
 
 // human renders d rounded for reading: 950ms, 12s, 4m05s, 3h02m, 2d04h.
@@ -67,4 +68,49 @@ func display(s string) string {
 // the only blank).
 func printable(s string) bool {
 	return strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || r == unicode.ReplacementChar }) < 0
+}
+
+// shellArg returns s as one shell word, for a command that a message
+// suggests: as is when every byte is plainly safe, else single-quoted,
+// or, when s has a character that does not print (a line break, an
+// escape sequence), as $'...' with that character escaped, so that the
+// suggestion neither reaches the terminal raw nor runs anything pasted.
+// A word that starts with '-' gets "-- " before it, so that it is not
+// taken for a flag.
+func shellArg(s string) string {
+	word := shellWord(s)
+	if strings.HasPrefix(s, "-") {
+		return "-- " + word
+	}
+	return word
+}
+
+func shellWord(s string) string {
+	safe := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r < utf8.RuneSelf && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_-./:@%+=,#", r)))
+	}) < 0
+	switch {
+	case safe && !strings.HasPrefix(s, "#"):
+		return s
+	case printable(s):
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	var b strings.Builder
+	b.WriteString("$'")
+	for _, r := range s {
+		switch {
+		case r == '\\' || r == '\'':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == utf8.RuneError || !unicode.IsPrint(r) && r != ' ':
+			var buf [utf8.UTFMax]byte
+			for _, c := range buf[:utf8.EncodeRune(buf[:], r)] {
+				fmt.Fprintf(&b, `\x%02x`, c)
+			}
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
 }

@@ -166,7 +166,7 @@ The role needs pgfence_operator.`,
 				case errors.Is(err, leases.ErrNotHeld):
 					return fmt.Errorf("lease %q is not held (no such lease, or it has already expired): nothing to hand over; see 'pgfence leases ls'", name)
 				case errors.Is(err, leases.ErrHandoverTimeout):
-					return fmt.Errorf("%w; it keeps the lease (if it is stuck: pgfence leases release --force %s)", err, name)
+					return fmt.Errorf("%w; it keeps the lease (if it is stuck: pgfence leases release --force %s)", err, shellArg(name))
 				case err != nil:
 					return err
 				}

@@ -383,7 +383,7 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 		cancel()
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			return nil, &exitError{code: exitHeld, err: fmt.Errorf("lease %q was not granted within %s: its last grant has expired, but a fenced transaction of its holder is still open ('pgfence check' names it; 'pgfence leases release --force --terminate %s' ends it): %w",
-				o.lease, leases.DefaultForceReleaseTimeout, o.lease, err)}
+				o.lease, leases.DefaultForceReleaseTimeout, shellArg(o.lease), err)}
 		}
 	} else {
 		l, err = lc.Acquire(ctx, o.lease, o.ttl)
