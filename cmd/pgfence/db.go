@@ -113,8 +113,8 @@ func (g *globals) configured() bool {
 func openPool(ctx context.Context, connString, appName string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		// pgx's parse errors may echo the string, password included.
-		return nil, usageError(errors.New("invalid connection string (check --database-url, DATABASE_URL or the PG* variables)"))
+		return nil, usageError(fmt.Errorf("invalid connection string%s (check --database-url, DATABASE_URL or the PG* variables)",
+			parseReason(err, connString)))
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok && appName != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = appName
@@ -222,3 +222,24 @@ func openSchemaPool(ctx context.Context, connString, appName string, maxConns in
 // the grants, the primary) in front of err; the libraries add the same
 // hints, from the same place (internal/pgerr).
 func schemaHint(err error) error { return pgerr.WithHint(err) }
+
+// parseReason is why pgx could not parse connString, as ": reason", or ""
+// when it does not say: its message without the string it quotes (which
+// may hold a password: pgx redacts it only on a best-effort basis), and
+// with every piece of connString's secrets redacted, since the reason may
+// quote a misparsed part of the string (a URL's parse error does). Without
+// it, a missing TLS key file or a port that is not a number read only
+// "invalid connection string".
+func parseReason(err error, connString string) string {
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return ""
+	}
+	bare := *pce
+	bare.ConnString = ""
+	reason, ok := strings.CutPrefix(bare.Error(), "cannot parse ``: ")
+	if !ok || reason == "" {
+		return ""
+	}
+	return ": " + redact.String(reason, redact.Secrets(connString))
+}

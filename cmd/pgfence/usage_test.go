@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/redact/redacttest"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -232,6 +233,27 @@ func TestLocksKeyEscapesUnprintableNames(t *testing.T) {
 				t.Errorf("locks key %q: its psql %q computes %d with standard_conforming_strings %s, want %d",
 					name, expr, key, scs, pglock.Key(name))
 			}
+		}
+	}
+}
+
+// A connection string that pgx cannot use says why (the TLS key file is
+// missing, the port is not a number), without the password: exit 2
+// before connecting.
+func TestInvalidConnectionStringSaysWhy(t *testing.T) {
+	t.Parallel()
+	const pw = "Qx7Secret9"
+	for _, tc := range []struct{ dsn, want string }{
+		{"postgres://u:" + pw + "@127.0.0.1:1/x?sslmode=require&sslkey=/nonexistent/key.pem&sslcert=/nonexistent/cert.pem", "/nonexistent/"},
+		{"host=127.0.0.1 port=notaport user=u password=" + pw, "invalid port"},
+		{"host=127.0.0.1 user=u password=" + pw + " connect_timeout=soon", "invalid connect_timeout"},
+	} {
+		r := cli(t, cliEnv("DATABASE_URL="+tc.dsn), "leases", "ls")
+		if r.code != exitUsage || !strings.Contains(r.stderr, "invalid connection string") || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q; want %d saying %q", tc.dsn, r.code, r.stderr, exitUsage, tc.want)
+		}
+		if leak := redacttest.Leak(r.stderr, []string{pw}); leak != "" {
+			t.Errorf("%s: stderr %q shows %q of the password", tc.dsn, r.stderr, leak)
 		}
 	}
 }
