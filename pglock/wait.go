@@ -127,10 +127,14 @@ func lockTimeout(ctx context.Context) *string {
 	if !ok {
 		return nil
 	}
-	ms := (time.Until(deadline) + time.Millisecond - 1).Milliseconds()
-	if ms > math.MaxInt32 {
+	// Compared before rounding: a deadline beyond what a Duration reaches
+	// (a "never" such as year 9999) saturates time.Until at its largest,
+	// and adding to that would wrap to a negative timeout.
+	left := time.Until(deadline)
+	if left > math.MaxInt32*time.Millisecond {
 		return nil
 	}
+	ms := (left + time.Millisecond - 1).Milliseconds()
 	s := strconv.FormatInt(max(ms, 1), 10) + "ms" // 0 would mean no timeout
 	return &s
 }
