@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -110,6 +111,11 @@ func checkIdentifier(id pgx.Identifier) error {
 			return fmt.Errorf("%w: table name part %q is %d bytes, PostgreSQL names are at most %d", ErrInvalid, p, len(p), maxIdentifier)
 		case strings.IndexByte(p, 0) >= 0:
 			return fmt.Errorf("%w: table name part %q contains a NUL byte", ErrInvalid, p)
+		case !utf8.ValidString(p):
+			// Go strings name tables in UTF-8, which the session
+			// converts to the server's encoding; the server refuses
+			// other bytes (22021), and its error would echo them raw.
+			return fmt.Errorf("%w: table name part %q is not valid UTF-8", ErrInvalid, p)
 		}
 	}
 	return nil

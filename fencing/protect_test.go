@@ -50,12 +50,12 @@ func TestProtectErrors(t *testing.T) {
 	} {
 		wantCode(t, fencing.Protect(bg, pool, c.table), c.code)
 	}
-	for _, table := range []string{"", ".", "a.", ".b", "a.b.c", strings.Repeat("x", 64), "nul\x00name"} {
+	for _, table := range []string{"", ".", "a.", ".b", "a.b.c", strings.Repeat("x", 64), "nul\x00name", "bad\xffutf8", "public.bad\xff"} {
 		if err := fencing.Protect(bg, pool, table); !errors.Is(err, fencing.ErrInvalid) {
 			t.Errorf("Protect(%q) = %v, want ErrInvalid", table, err)
 		}
 	}
-	for _, id := range []pgx.Identifier{nil, {"a", "b", "c"}, {""}} {
+	for _, id := range []pgx.Identifier{nil, {"a", "b", "c"}, {""}, {"public", "a\xffb"}, {"\xfe", "t"}} {
 		if err := fencing.ProtectIdentifier(bg, pool, id); !errors.Is(err, fencing.ErrInvalid) {
 			t.Errorf("ProtectIdentifier(%q) = %v, want ErrInvalid", id, err)
 		}
