@@ -136,6 +136,9 @@ func dataArg(data json.RawMessage) any {
 // (WithData, SetData), compact; nil for none. A SetData that failed is not
 // reflected, even if its update committed (see SetData).
 func (l *Lease) Data() json.RawMessage {
+	if l == nil {
+		return nil
+	}
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
 	return l.data

@@ -77,23 +77,55 @@ const (
 	stateReleased  // grant ended (or found gone)
 )
 
-// Name returns the lease's name.
-func (l *Lease) Name() string { return l.name }
+// nilLease is the Context of a nil *Lease: ended, with an invalid input
+// error as its cause, as a nil pglock.Lock's is.
+var nilLease = func() context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(invalid("leases: lease is nil"))
+	return ctx
+}()
+
+// Name returns the lease's name ("" for a nil Lease; its other accessors
+// return zero values too, and its Context has ended with ErrInvalid).
+func (l *Lease) Name() string {
+	if l == nil {
+		return ""
+	}
+	return l.name
+}
 
 // Owner returns the owner stored with this grant: the client's owner
 // prefix, "-", and a random suffix unique to this grant.
-func (l *Lease) Owner() string { return l.owner }
+func (l *Lease) Owner() string {
+	if l == nil {
+		return ""
+	}
+	return l.owner
+}
 
 // Fence returns this grant's fence. Every grant of any lease takes a higher
 // fence than all earlier grants. Pass it (see Token) with every write to a
 // protected resource, so that a stale holder's writes are rejected.
-func (l *Lease) Fence() int64 { return l.fence }
+func (l *Lease) Fence() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.fence
+}
 
 // Token returns the fencing token of this grant, for fencing.Begin/InTx.
-func (l *Lease) Token() fencing.Token { return fencing.Token{Lease: l.name, Fence: l.fence} }
+func (l *Lease) Token() fencing.Token {
+	if l == nil {
+		return fencing.Token{} // invalid: Begin and InTx refuse it
+	}
+	return fencing.Token{Lease: l.name, Fence: l.fence}
+}
 
 // TTL returns the lease's time to live.
 func (l *Lease) TTL() time.Duration {
+	if l == nil {
+		return 0
+	}
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
 	return l.ttl
@@ -102,6 +134,9 @@ func (l *Lease) TTL() time.Duration {
 // ExpiresAt returns the server's expires_at as of the last successful grant
 // or renewal (database clock; do not compare it with the local clock).
 func (l *Lease) ExpiresAt() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
 	l.c.mu.Lock()
 	defer l.c.mu.Unlock()
 	return l.expiresAt
@@ -118,11 +153,16 @@ func (l *Lease) ExpiresAt() time.Time {
 // Do the lease's work under this context and check it before every
 // externally visible effect; it is not derived from the context passed to
 // Acquire.
-func (l *Lease) Context() context.Context { return l.ctx }
+func (l *Lease) Context() context.Context {
+	if l == nil {
+		return nilLease
+	}
+	return l.ctx
+}
 
 // Done is closed when the lease is no longer safely held
 // (Context().Done()).
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+func (l *Lease) Done() <-chan struct{} { return l.Context().Done() }
 
 // Err returns nil while the lease is held and no hand-over was requested,
 // then an error wrapping ErrLost, ErrReleased or ErrHandover (the cause of
@@ -130,6 +170,9 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // says ErrHandover until the hold ends: then it says how (ErrReleased,
 // ErrLost), while Context's cause, set once, stays ErrHandover.
 func (l *Lease) Err() error {
+	if l == nil {
+		return context.Cause(nilLease)
+	}
 	if l.ctx.Err() == nil {
 		return nil
 	}
@@ -390,5 +433,8 @@ func (c *Client) releasedLost(l *Lease, end time.Time, err error) {
 
 // String describes the grant for logs.
 func (l *Lease) String() string {
+	if l == nil {
+		return "lease <nil>"
+	}
 	return fmt.Sprintf("lease %q fence %d owner %q", l.name, l.fence, l.owner)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -102,5 +103,36 @@ func TestNilContextAndReceiver(t *testing.T) {
 	}
 	if l.Err() != nil {
 		t.Fatalf("the lease was touched by calls with bad input: %v", l.Err())
+	}
+}
+
+// A nil *Lease holds nothing and says so without panicking, as a nil
+// pglock.Lock does: its Context has ended, Done is closed, Err is
+// ErrInvalid, and the accessors return zero values.
+func TestNilLeaseAccessors(t *testing.T) {
+	t.Parallel()
+	var l *Lease
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("panicked: %v", r)
+		}
+	}()
+	if err := l.Err(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Err = %v, want ErrInvalid", err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Error("Done is not closed")
+	}
+	if err := context.Cause(l.Context()); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Context's cause = %v, want ErrInvalid", err)
+	}
+	if l.Name() != "" || l.Owner() != "" || l.Fence() != 0 || l.Slot() != 0 || l.TTL() != 0 ||
+		!l.ExpiresAt().IsZero() || l.Data() != nil || l.Token() != (fencing.Token{}) || l.String() == "" {
+		t.Error("a nil Lease reports something held")
+	}
+	if err := l.Token().Validate(); !errors.Is(err, fencing.ErrInvalid) {
+		t.Errorf("its Token validates: %v", err)
 	}
 }

@@ -235,7 +235,12 @@ func (s *Semaphore) grant(ctx context.Context, ttl time.Duration) (*Lease, Info,
 
 // Slot returns the number of the semaphore slot this grant holds (from 1),
 // or 0 when it is a plain lease.
-func (l *Lease) Slot() int { return l.slot }
+func (l *Lease) Slot() int {
+	if l == nil {
+		return 0
+	}
+	return l.slot
+}
 
 // queue is the key of the queue whose head a change of this grant wakes:
 // the semaphore's for a slot, else the lease's.
