@@ -154,14 +154,35 @@ func TestNilProviderInvalid(t *testing.T) {
 		"WithMeterProvider":  fencing.WithMeterProvider(nil),
 		"WithTracerProvider": fencing.WithTracerProvider(nil),
 	} {
-		ran := false
-		err := fencing.InTx(bg, pool, tok, func(pgx.Tx) error { ran = true; return nil }, opt)
-		if !errors.Is(err, fencing.ErrInvalid) || !strings.Contains(err.Error(), name) || ran {
-			t.Errorf("%s(nil): %v, fn ran %v; want ErrInvalid naming the option, fn not run", name, err, ran)
-		}
+		checkNilProvider(t, pool, tok, name, opt)
+	}
+	// A typed nil is nil too: building the option would call it and panic.
+	for name, opt := range map[string]func() fencing.Option{
+		"WithMeterProvider":  func() fencing.Option { return fencing.WithMeterProvider((*sdkmetric.MeterProvider)(nil)) },
+		"WithTracerProvider": func() fencing.Option { return fencing.WithTracerProvider((*sdktrace.TracerProvider)(nil)) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s(typed nil) panicked: %v", name, r)
+				}
+			}()
+			checkNilProvider(t, pool, tok, name, opt())
+		}()
 	}
 	if err := fencing.InTx(bg, pool, tok, func(pgx.Tx) error { return nil }, fencing.Option{}); err != nil {
 		t.Errorf("InTx with the zero Option: %v", err)
+	}
+}
+
+// checkNilProvider checks that InTx with opt, built from a nil provider,
+// returns ErrInvalid naming the option, without running fn.
+func checkNilProvider(t *testing.T, pool fencing.DB, tok fencing.Token, name string, opt fencing.Option) {
+	t.Helper()
+	ran := false
+	err := fencing.InTx(bg, pool, tok, func(pgx.Tx) error { ran = true; return nil }, opt)
+	if !errors.Is(err, fencing.ErrInvalid) || !strings.Contains(err.Error(), name) || ran {
+		t.Errorf("%s(nil): %v, fn ran %v; want ErrInvalid naming the option, fn not run", name, err, ran)
 	}
 }
 

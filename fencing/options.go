@@ -6,6 +6,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
@@ -32,7 +33,7 @@ type Option struct {
 // one with otel.SetMeterProvider (an instrument created before that is
 // forwarded to it). A nil mp is invalid.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	if mp == nil {
+	if dbx.IsNil(mp) { // a typed nil too: it would panic when called
 		return Option{err: fmt.Errorf("%w: option WithMeterProvider: provider is nil", ErrInvalid)}
 	}
 	return Option{rejected: newRejected(mp)}
@@ -44,7 +45,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // installs one with otel.SetTracerProvider, InTx starts no span and
 // allocates nothing for it. A nil tp is invalid.
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	if tp == nil {
+	if dbx.IsNil(tp) { // a typed nil too: it would panic when called
 		return Option{err: fmt.Errorf("%w: option WithTracerProvider: provider is nil", ErrInvalid)}
 	}
 	return Option{tracer: spans.New(tp, tracerName)}

@@ -11,6 +11,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // Limits and defaults.
@@ -212,7 +214,7 @@ func WithNotifications(enabled bool) Option {
 // it). Must not be nil.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) error {
-		if mp == nil {
+		if dbx.IsNil(mp) { // a typed nil too: it would panic when called
 			return invalid("leases: meter provider must not be nil")
 		}
 		c.meter = mp

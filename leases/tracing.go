@@ -3,6 +3,7 @@ package leases
 import (
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/spans"
 )
 
@@ -32,7 +33,7 @@ const (
 // allocations). Must not be nil.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(c *config) error {
-		if tp == nil {
+		if dbx.IsNil(tp) { // a typed nil too: it would panic when called
 			return invalid("leases: tracer provider must not be nil")
 		}
 		c.tracer = tp

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 func TestMarginAndDeadlineArithmetic(t *testing.T) {
@@ -50,6 +53,9 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{WithPollInterval(2 * time.Hour), "poll interval must be between"},
 		{WithReleaseTimeout(time.Millisecond), "invalid option WithReleaseTimeout: timeout must be between 10ms and 1h0m0s, got 1ms"},
 		{nil, "option must not be nil"},
+		// A typed nil is nil too: New would call it and panic.
+		{WithMeterProvider((*sdkmetric.MeterProvider)(nil)), "meter provider must not be nil"},
+		{WithTracerProvider((*sdktrace.TracerProvider)(nil)), "tracer provider must not be nil"},
 	} {
 		c, err := New(pool, tc.opt)
 		if err == nil {

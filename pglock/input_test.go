@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // Every bad input of the public API returns an error matching ErrInvalid,
@@ -98,6 +99,8 @@ func TestBadInputIsInvalid(t *testing.T) {
 			"pglock: invalid option WithUnlockTimeout: timeout must be between 10ms and 1h0m0s, got 0s"},
 		{"WithLogger nil", func() error { _, err := New(pool, WithLogger(nil)); return err }, "pglock: invalid option WithLogger: logger is nil"},
 		{"WithMeterProvider nil", func() error { _, err := New(pool, WithMeterProvider(nil)); return err },
+			"pglock: invalid option WithMeterProvider: provider is nil"},
+		{"WithMeterProvider typed nil", func() error { _, err := New(pool, WithMeterProvider((*sdkmetric.MeterProvider)(nil))); return err },
 			"pglock: invalid option WithMeterProvider: provider is nil"},
 	}
 	for _, c := range cases {

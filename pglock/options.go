@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgfence/pgfence/internal/dbx"
 )
 
 // Defaults and limits of the options.
@@ -123,7 +125,7 @@ func WithUnlockTimeout(d time.Duration) Option {
 // it). A nil mp is invalid.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(c *config) error {
-		if mp == nil {
+		if dbx.IsNil(mp) { // a typed nil too: it would panic when called
 			return invalid("option WithMeterProvider", "provider is nil")
 		}
 		c.meter = mp
