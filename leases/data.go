@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -32,9 +34,10 @@ type acquireConfig struct {
 
 // WithData attaches data, a JSON value of at most MaxDataLen bytes once
 // compacted that jsonb can store (UTF-8, no \u0000 escape, no lone
-// surrogate escape), to the grant, written in the same statement that grants it
-// (no extra round trip). It is what others see as Info.Data while the grant
-// lasts; Lease.SetData replaces it. Default: none (NULL).
+// surrogate escape, no number beyond PostgreSQL's numeric: 1e131072,
+// 1e-16384), to the grant, written in the same statement that grants it
+// (no extra round trip). It is what others see as Info.Data while the
+// grant lasts; Lease.SetData replaces it. Default: none (NULL).
 func WithData(data json.RawMessage) AcquireOption {
 	return func(c *acquireConfig) error {
 		d, err := compactData(data)
@@ -91,6 +94,15 @@ func storable(data []byte) error {
 	inString := false
 	for i := 0; i < len(data); i++ {
 		switch {
+		case !inString && (data[i] == '-' || '0' <= data[i] && data[i] <= '9'):
+			j := i + 1
+			for j < len(data) && strings.IndexByte("0123456789+-.eE", data[j]) >= 0 {
+				j++
+			}
+			if !numericFits(string(data[i:j])) {
+				return invalid(fmt.Sprintf("leases: data must not contain the number %.40s: PostgreSQL's numeric (jsonb's numbers) cannot store it", data[i:j]))
+			}
+			i = j - 1
 		case data[i] == '"':
 			inString = !inString
 		case inString && data[i] == '\\':
@@ -115,6 +127,46 @@ func storable(data []byte) error {
 		}
 	}
 	return nil
+}
+
+// numericFits reports whether PostgreSQL's numeric, which jsonb stores
+// numbers in, can store the JSON number num (valid JSON): at most 16383
+// digits after the decimal point (counting those an exponent adds), a
+// weight of at most 131071 decimal digits before it, and an exponent
+// below 2^30 (INT_MAX/2) in magnitude even for zero. Beyond these the
+// server refuses the value (22003, "value overflows numeric format").
+func numericFits(num string) bool {
+	mant, exp := strings.TrimPrefix(num, "-"), ""
+	if k := strings.IndexAny(mant, "eE"); k >= 0 {
+		mant, exp = mant[:k], mant[k+1:]
+	}
+	var e int64
+	if exp != "" {
+		neg := strings.HasPrefix(exp, "-")
+		digits := strings.TrimLeft(strings.TrimLeft(exp, "+-"), "0")
+		if len(digits) > 10 {
+			return false
+		}
+		if digits != "" {
+			e, _ = strconv.ParseInt(digits, 10, 64)
+		}
+		if e >= math.MaxInt32/2 {
+			return false
+		}
+		if neg {
+			e = -e
+		}
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	if max(int64(len(frac))-e, 0) > 16383 { // the display scale
+		return false
+	}
+	digits := intPart + frac
+	k := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	if k < 0 {
+		return true // zero: no weight
+	}
+	return int64(len(intPart)-1-k)+e <= 131071 // the decimal weight
 }
 
 // hex4 is the value of the four hexadecimal digits that b starts with,

@@ -268,6 +268,10 @@ func TestDataJSONBCannotStoreIsInvalid(t *testing.T) {
 		json.RawMessage(`"\ud800"`),
 		json.RawMessage(`"\udc00"`),
 		json.RawMessage(`["\ud800\u0041"]`),
+		// Numbers beyond PostgreSQL's numeric (22003).
+		json.RawMessage(`1e131072`),
+		json.RawMessage(`{"n":-1e999999}`),
+		json.RawMessage(`[1e-16384]`),
 	}
 	for _, d := range bad {
 		if _, err := c.TryAcquire(ctx, "jsonb", time.Minute, WithData(d)); !errors.Is(err, ErrInvalid) {
@@ -300,6 +304,29 @@ func TestDataJSONBCannotStoreIsInvalid(t *testing.T) {
 	info, err := c.Get(ctx, "jsonb")
 	if err != nil || !strings.Contains(string(info.Data), `"\\u0000"`) || l.Err() != nil {
 		t.Errorf("after refused updates: data %s, %v, lease %v; want the first value, still held", info.Data, err, l.Err())
+	}
+}
+
+// numericFits agrees with the server about the numbers jsonb can store,
+// at the edges of numeric's range: where it says a number fits, the
+// server stores it; where it says not, the server refuses it.
+func TestNumericFitsAgreesWithServer(t *testing.T) {
+	t.Parallel()
+	_, pool := setup(t)
+	ctx := testContext(t)
+	for _, num := range []string{
+		"0", "-0", "1", "-12.5e3", "1e131071", "1e131072", "9.9e131071", "99e131070", "99e131071", "0.001e131074",
+		"1E+0131071", "1e-16383", "1e-16384", "0e-16383", "0e-16384", "0.5e-16382", "0.5e-16383", "12e-16384",
+		"0e999999", "0.0e131072", "0e1073741822", "0e1073741823", "0e-1073741823", "1e99999999999", "0e0000000000001",
+	} {
+		var stored bool
+		err := pool.QueryRow(ctx, `SELECT $1::jsonb IS NOT NULL`, num).Scan(&stored)
+		if err != nil && !strings.Contains(err.Error(), "22003") {
+			t.Fatalf("%s: %v", num, err)
+		}
+		if fits := numericFits(num); fits != (err == nil) {
+			t.Errorf("numericFits(%s) = %v, but the server says %v", num, fits, err)
+		}
 	}
 }
 

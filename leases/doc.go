@@ -113,9 +113,9 @@
 // commits before it (and the next grant starts without data) or matches no
 // row and is rejected with ErrLost. Oversize or malformed values, and JSON
 // that jsonb cannot store (bytes that are not UTF-8, a \u0000 escape, a
-// lone surrogate escape), return ErrInvalid and write nothing; PostgreSQL
-// enforces the same bound (SQLSTATE 22023) for SQL callers. SetData wakes
-// the lease's observers.
+// lone surrogate escape, a number beyond numeric's range), return
+// ErrInvalid and write nothing; PostgreSQL enforces the same bound
+// (SQLSTATE 22023) for SQL callers. SetData wakes the lease's observers.
 //
 // # Extending with a new TTL
 //
