@@ -35,10 +35,14 @@ func resolveCommand(name string) (string, error) {
 	if err == nil {
 		return path, nil
 	}
-	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-		return "", &exitError{code: exitNotFound, err: fmt.Errorf("command not found: %s", name)}
+	shown := display(name) // quoted if it has a character that does not print
+	if name == "" {
+		shown = `""`
 	}
-	return "", &exitError{code: exitCannotExec, err: fmt.Errorf("cannot execute %s: %w", name, err)}
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		return "", &exitError{code: exitNotFound, err: fmt.Errorf("command not found: %s", shown)}
+	}
+	return "", &exitError{code: exitCannotExec, err: fmt.Errorf("cannot execute %s: %w", shown, err)}
 }
 
 // startReaper starts the reaper, which waits for start to tell it what to

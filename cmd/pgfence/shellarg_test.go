@@ -66,3 +66,21 @@ func TestShellArgRoundTrips(t *testing.T) {
 		}
 	}
 }
+
+// A command that cannot run is named readably: an empty name is shown as
+// "", and a name with a line break or an escape sequence does not reach
+// the terminal raw.
+func TestCommandNotFoundNamesItReadably(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	for _, tc := range []struct{ name, want string }{
+		{"", `command not found: ""`},
+		{"no\nsuch\x1b[31m", `command not found: "no\nsuch\x1b[31m"`},
+		{"pgfence-no-such-command", "command not found: pgfence-no-such-command"},
+	} {
+		r := db(t, url, "run", "--lock", "notfound", "--", tc.name)
+		if r.code != exitNotFound || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("run -- %q: exit %d, stderr %q; want %d saying %s", tc.name, r.code, r.stderr, exitNotFound, tc.want)
+		}
+	}
+}
