@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/dbx"
+	"github.com/pgfence/pgfence/internal/names"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/spans"
 )
@@ -77,7 +77,9 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 	if err := checkBegin(ctx, db, tok); err != nil {
 		return nil, err
 	}
-	if b, ok := db.(txBeginner); ok && isASCII(tok.Lease) {
+	// In the BEGIN, only an ASCII name: quoteLease spells others with
+	// escapes above U+007F, which PostgreSQL cannot convert to SQL_ASCII.
+	if b, ok := db.(txBeginner); ok && names.ASCII(tok.Lease) {
 		tx, err := b.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf(sqlBeginDeclare, quoteLease(tok.Lease), tok.Fence)})
 		if err != nil {
 			if conn := connOf(db); conn != nil && conn.PgConn().TxStatus() != 'I' {
@@ -98,18 +100,6 @@ func Begin(ctx context.Context, db DB, tok Token) (pgx.Tx, error) {
 		return nil, fmt.Errorf("fencing: declare token %v%s: %w", tok, notMigrated(err), classify(tok, err))
 	}
 	return tx, nil
-}
-
-// isASCII reports whether s is all ASCII: names that quoteLease spells
-// without escapes above U+007F, which no database encoding refuses
-// (PostgreSQL cannot convert a Unicode escape above it to SQL_ASCII).
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
-			return false
-		}
-	}
-	return true
 }
 
 // notMigrated is what to add to a failed declaration's context when the

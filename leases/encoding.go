@@ -3,6 +3,8 @@ package leases
 import (
 	"context"
 	"fmt"
+
+	"github.com/pgfence/pgfence/internal/names"
 )
 
 // sqlClientEncoding reads the session's client_encoding.
@@ -18,7 +20,7 @@ const sqlClientEncoding = `SELECT pg_catalog.current_setting('client_encoding')`
 // it is not UTF8: the sessions of one pool share their role's and
 // database's settings.
 func (c *Client) checkEncoding(ctx context.Context, op, name string) error {
-	if isASCII(name) || c.utf8.Load() {
+	if names.ASCII(name) || c.utf8.Load() {
 		return nil
 	}
 	var enc string
@@ -31,13 +33,4 @@ func (c *Client) checkEncoding(ctx context.Context, op, name string) error {
 	}
 	return invalid(fmt.Sprintf("leases: %s %q: the name is not ASCII and the session's client_encoding is %s, "+
 		"which stores it as another name: connect with client_encoding=UTF8", op, name, enc))
-}
-
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
-		}
-	}
-	return true
 }

@@ -36,6 +36,17 @@ func Check(s string, maxLen int) error {
 	return nil
 }
 
+// ASCII reports whether s is all ASCII: the same bytes in every client
+// and database encoding PostgreSQL has.
+func ASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
 // firstInvalid returns the offset of the first byte of s that does not
 // start a valid UTF-8 sequence.
 func firstInvalid(s string) int {

@@ -34,3 +34,12 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestASCII(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]bool{"": true, "job/1 #x": true, "\x7f": true, "café": false, "\x80": false, "a\xffb": false} {
+		if got := ASCII(s); got != want {
+			t.Errorf("ASCII(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
