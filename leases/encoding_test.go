@@ -3,7 +3,6 @@ package leases
 import (
 	"database/sql"
 	"errors"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -21,14 +20,7 @@ import (
 func TestNonUTF8ClientEncoding(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
-	pu, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := pu.Query()
-	q.Set("options", "--client_encoding=LATIN1")
-	pu.RawQuery = q.Encode()
-	latinURL := pu.String()
+	latinURL := withOptions(base, "client_encoding=LATIN1")
 	for _, driver := range []string{"pgx", "database/sql"} {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,11 +31,7 @@ func TestNonDefaultIsolation(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
 	for _, level := range []string{"repeatable read", "serializable"} {
-		options := "-c default_transaction_isolation=" + strings.ReplaceAll(level, " ", `\ `)
-		u := base + "&options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
-		if !strings.Contains(base, "?") {
-			u = base + "?options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
-		}
+		u := withOptions(base, "default_transaction_isolation="+strings.ReplaceAll(level, " ", `\ `))
 		for _, driver := range []string{"pgx", "database/sql"} {
 			t.Run(level+"/"+driver, func(t *testing.T) {
 				t.Parallel()

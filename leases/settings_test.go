@@ -2,7 +2,6 @@ package leases
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -10,17 +9,6 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
-
-// withOptions adds "-c name=value" settings to databaseURL's options, as a
-// role's or database's defaults (ALTER ROLE ... SET) would set them.
-func withOptions(databaseURL string, settings ...string) string {
-	opts := "-c " + strings.Join(settings, " -c ")
-	sep := "?"
-	if strings.Contains(databaseURL, "?") {
-		sep = "&"
-	}
-	return databaseURL + sep + "options=" + strings.ReplaceAll(url.QueryEscape(opts), "+", "%20")
-}
 
 // TestTakeoverWaitsPastTheRolesLockTimeout (scenario: a lease's grant has
 // expired while its holder's fenced transaction stays open, and the

@@ -1,7 +1,6 @@
 package leases
 
 import (
-	"net/url"
 	"testing"
 	"time"
 
@@ -21,14 +20,7 @@ import (
 func TestGrantWhoseAnswerIsNotReadIsEnded(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
-	pu, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := pu.Query()
-	q.Set("options", "--DateStyle=SQL,DMY")
-	pu.RawQuery = q.Encode()
-	odd := pgtest.PoolFor(t, pu.String(), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec })
+	odd := pgtest.PoolFor(t, withOptions(base, "DateStyle=SQL,DMY"), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec })
 	c := newClient(t, odd)
 	admin := pgtest.PoolFor(t, base)
 	ctx := testContext(t)
