@@ -331,7 +331,7 @@ func (c *Client) usable(ctx context.Context) error {
 // grant runs one acquire attempt. It returns the lease if granted, or else
 // the holder and the time until the holder's grant expires (server clock).
 func (c *Client) grant(ctx context.Context, name string, ttl time.Duration, ac acquireConfig) (*Lease, Info, time.Duration, error) {
-	if err := c.checkEncoding(ctx, "acquire", name); err != nil {
+	if err := c.checkEncoding(ctx, "acquire", name, string(ac.data)); err != nil {
 		return nil, Info{}, 0, err
 	}
 	owner := c.newOwner()

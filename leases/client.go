@@ -224,6 +224,9 @@ func (c *Client) Get(ctx context.Context, name string) (Info, error) {
 	if err := c.usable(ctx); err != nil {
 		return Info{}, err
 	}
+	if err := c.checkEncoding(ctx, "get", name); err != nil {
+		return Info{}, err
+	}
 	info, _, err := c.get(ctx, name)
 	return info, err
 }

@@ -222,6 +222,9 @@ func (l *Lease) SetData(ctx context.Context, data json.RawMessage) error {
 	if err := l.heldErr(); err != nil {
 		return err
 	}
+	if err := l.c.checkEncoding(ctx, "set data of", l.name, string(d)); err != nil {
+		return err
+	}
 	var ok *bool
 	err = l.c.q.QueryRow(ctx, sqlSetData, l.name, l.owner, l.fence, dataArg(d)).Scan(&ok)
 	if err != nil {

@@ -62,7 +62,7 @@ func (c *Client) RequestHandover(ctx context.Context, name string, timeout time.
 	if timeout <= 0 || timeout > time.Hour {
 		return Info{}, invalid(fmt.Sprintf("leases: hand-over timeout must be between 1ns and 1h, got %s", timeout))
 	}
-	if err := c.usable(ctx); err != nil {
+	if err := c.checkEncoding(ctx, "hand-over of", name); err != nil {
 		return Info{}, err
 	}
 	ctx, span := c.tr.Start(ctx, spanHandover, name, 0)

@@ -30,6 +30,9 @@ func (c *Client) Observe(ctx context.Context, name string) (<-chan Info, error) 
 	if err := c.usable(ctx); err != nil {
 		return nil, err
 	}
+	if err := c.checkEncoding(ctx, "observe", name); err != nil {
+		return nil, err
+	}
 	o := &observer{wake: make(chan struct{}, 1)}
 	c.mu.Lock()
 	if c.isClosed() {

@@ -218,6 +218,9 @@ func (c *Client) once(ctx context.Context, name, period string, ttl time.Duratio
 	if err := c.usable(ctx); err != nil {
 		return false, err
 	}
+	if err := c.checkEncoding(ctx, "once", name, period); err != nil {
+		return false, err
+	}
 	var cfg onceConfig
 	for _, opt := range opts {
 		if opt == nil {
@@ -293,6 +296,9 @@ func (c *Client) OnceDone(ctx context.Context, name, period string) (OnceRecord,
 	if err := c.usable(ctx); err != nil {
 		return OnceRecord{}, false, err
 	}
+	if err := c.checkEncoding(ctx, "once record of", name, period); err != nil {
+		return OnceRecord{}, false, err
+	}
 	rec := OnceRecord{Name: name, Period: period}
 	err := c.q.QueryRow(ctx, sqlOnceDone, name, period).Scan(&rec.Fence, &rec.DoneAt)
 	switch {
@@ -312,6 +318,9 @@ func (c *Client) OnceDone(ctx context.Context, name, period string) (OnceRecord,
 // when the period was recorded before (roll tx back then, if it did the
 // period's work). The record commits with tx. For callers that hold the
 // lease themselves (pgfence run --once); Once and OnceTx call it for you.
+// A name or period that is not ASCII costs one more statement in tx, which
+// reads client_encoding: unless it is UTF8, MarkDone refuses them
+// (ErrInvalid), as the Client's methods do.
 func MarkDone(ctx context.Context, tx pgx.Tx, name, period string) (bool, error) {
 	if ctx == nil || dbx.IsNil(tx) {
 		return false, invalid("leases: mark done: context and transaction must not be nil")
@@ -320,6 +329,9 @@ func MarkDone(ctx context.Context, tx pgx.Tx, name, period string) (bool, error)
 		return false, err
 	}
 	if err := validatePeriod(period); err != nil {
+		return false, err
+	}
+	if err := checkTxEncoding(ctx, tx, "mark done", name, period); err != nil {
 		return false, err
 	}
 	return markDone(ctx, tx, name, period)

@@ -166,6 +166,9 @@ func (s *Semaphore) Holders(ctx context.Context) ([]Info, error) {
 	if err := s.c.usable(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.c.checkEncoding(ctx, "holders of semaphore", s.name); err != nil {
+		return nil, err
+	}
 	rows, err := s.c.q.Query(ctx, sqlSlots, s.name, s.slots)
 	if err != nil {
 		return nil, dbError(fmt.Sprintf("holders of semaphore %q", s.name), err)
