@@ -23,7 +23,7 @@ func TestSemaphoreInvalid(t *testing.T) {
 		slots int
 		want  string
 	}{
-		{"", 1, "lease name must not be empty"},
+		{"", 1, "lease name must be 1..200 bytes, got 0"},
 		{"s", 0, "slots must be between 1 and 1000, got 0"},
 		{"s", MaxSlots + 1, "slots must be between 1 and 1000, got 1001"},
 		{strings.Repeat("x", MaxNameLen-2), 10, `leave room for "#10"`},

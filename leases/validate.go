@@ -2,9 +2,9 @@ package leases
 
 import (
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
+
+	"github.com/pgfence/pgfence/internal/names"
 )
 
 // invalidError is bad input; its message names the setting.
@@ -19,18 +19,12 @@ func validateName(name string) error {
 	return validateText("lease name", name, MaxNameLen)
 }
 
-// validateText checks a name-like input: 1 to max bytes of UTF-8 without
-// NUL; what names it in the error.
+// validateText checks a name-like input by the rules pglock's names and the
+// command's follow (names.Check: 1 to max bytes of UTF-8 without NUL);
+// what names it in the error.
 func validateText(what, s string, max int) error {
-	switch {
-	case s == "":
-		return invalid(fmt.Sprintf("leases: %s must not be empty", what))
-	case len(s) > max:
-		return invalid(fmt.Sprintf("leases: %s must be at most %d bytes, got %d", what, max, len(s)))
-	case strings.IndexByte(s, 0) >= 0:
-		return invalid(fmt.Sprintf("leases: %s must not contain NUL, got %q", what, s))
-	case !utf8.ValidString(s):
-		return invalid(fmt.Sprintf("leases: %s must be valid UTF-8, got %q", what, s))
+	if err := names.Check(s, max); err != nil {
+		return invalid(fmt.Sprintf("leases: %s %v", what, err))
 	}
 	return nil
 }

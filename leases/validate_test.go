@@ -44,8 +44,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		opt  Option
 		want string
 	}{
-		{WithOwner(""), "owner id must not be empty"},
-		{WithOwner(strings.Repeat("o", MaxOwnerLen+1)), "owner id must be at most 100 bytes, got 101"},
+		{WithOwner(""), "owner id must be 1..100 bytes, got 0"},
+		{WithOwner(strings.Repeat("o", MaxOwnerLen+1)), "owner id must be 1..100 bytes, got 101"},
 		{WithOwner("a\x00b"), "owner id must not contain NUL"},
 		{WithOwner("\xff"), "owner id must be valid UTF-8"},
 		{WithLogger(nil), "logger must not be nil"},
@@ -84,8 +84,8 @@ func TestBadInputWritesNothing(t *testing.T) {
 		ttl  time.Duration
 		want string
 	}{
-		{"", time.Minute, "lease name must not be empty"},
-		{strings.Repeat("n", MaxNameLen+1), time.Minute, "lease name must be at most 200 bytes, got 201"},
+		{"", time.Minute, "lease name must be 1..200 bytes, got 0"},
+		{strings.Repeat("n", MaxNameLen+1), time.Minute, "lease name must be 1..200 bytes, got 201"},
 		{"a\x00b", time.Minute, "lease name must not contain NUL"},
 		{"\xff\xfe", time.Minute, "lease name must be valid UTF-8"},
 		{"ok", 200 * time.Millisecond, "ttl must be at least 1s, got 200ms"},
