@@ -34,9 +34,10 @@ const maxIdentifier = 63
 //
 // Errors: ErrInvalid for a malformed name or a nil db or context (nothing
 // is sent); otherwise
-// the database's error, wrapped: SQLSTATE 42P01 (no such table), 3F000 (no
-// such schema — the table's, or pgfence's when `pgfence migrate up` has not
-// run), 42703 (no fence column), 42804 (fence is not bigint), 42P16 (fence
+// the database's error, wrapped: SQLSTATE 42P01 (no such table; from
+// PostgreSQL 17 on also for a table whose schema does not exist), 3F000 (no
+// such schema — the table's, before 17, or pgfence's when `pgfence migrate
+// up` has not run), 42703 (no fence column), 42804 (fence is not bigint), 42P16 (fence
 // is a generated column, which PostgreSQL would compute over the guard's
 // stamp; migration 15), 42809 (not a table), 42501 (not the table's owner,
 // or not a pgfence_client). On error nothing changed.
