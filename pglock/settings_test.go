@@ -41,13 +41,13 @@ func TestRoleTimeoutsEndingAWaitAreNamed(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = h.Unlock(context.Background()) })
 	cases := []struct {
-		setting string
-		ctx     context.Context // the waiter's
-		code    string
-		hint    string
+		setting  string
+		deadline bool // the waiter's context has one
+		code     string
+		hint     string
 	}{
-		{"statement_timeout=300ms", ctx, pgerr.QueryCanceled, "statement_timeout"},
-		{"lock_timeout=200ms", context.Background(), pgerr.LockNotAvailable, "lock_timeout"},
+		{"statement_timeout=300ms", true, pgerr.QueryCanceled, "statement_timeout"},
+		{"lock_timeout=200ms", false, pgerr.LockNotAvailable, "lock_timeout"},
 	}
 	for _, c := range cases {
 		for _, driver := range []string{"pgx", "database/sql"} {
@@ -58,7 +58,13 @@ func TestRoleTimeoutsEndingAWaitAreNamed(t *testing.T) {
 				if driver == "database/sql" {
 					l = dbLocker(t, pool)
 				}
-				lk, err := l.Lock(c.ctx, "held")
+				// The waiter's own context: a parallel subtest may start
+				// long after its parent's context was made.
+				wctx := context.Background()
+				if c.deadline {
+					wctx = testContext(t)
+				}
+				lk, err := l.Lock(wctx, "held")
 				if err == nil {
 					_ = lk.Unlock(ctx)
 					t.Fatal("Lock succeeded while another session held the lock")
