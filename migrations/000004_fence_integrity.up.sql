@@ -678,8 +678,21 @@ BEGIN
         pgfence.declare_token(text, bigint),
         pgfence.token_fence(regclass)
         TO pgfence_client;
-    -- An operator: that, plus break-glass and the checks.
-    GRANT pgfence_client TO pgfence_operator;
+    -- An operator: that, plus break-glass and the checks. The membership
+    -- is cluster-wide, so the first database's migration grants it; a later
+    -- database's migration role need not, and may not be able to: granting
+    -- a role takes ADMIN OPTION on it (before PostgreSQL 16, CREATEROLE
+    -- did too).
+    IF NOT EXISTS (SELECT FROM pg_auth_members
+                    WHERE roleid = 'pgfence_client'::regrole AND member = 'pgfence_operator'::regrole) THEN
+        BEGIN
+            GRANT pgfence_client TO pgfence_operator;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE NOTICE USING
+                MESSAGE = 'pgfence: could not grant pgfence_client to pgfence_operator, so operators are not clients',
+                HINT    = 'as a superuser or a role with ADMIN OPTION on pgfence_client run: GRANT pgfence_client TO pgfence_operator;';
+        END;
+    END IF;
     GRANT SELECT ON pgfence.fence_floor TO pgfence_operator;
     GRANT EXECUTE ON FUNCTION
         pgfence.force_release(text, integer),
