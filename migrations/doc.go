@@ -94,7 +94,10 @@
 //
 // Applying a migration needs the migration role: one that may create
 // schema pgfence (and owns it afterwards), create the bookkeeping table
-// in its schema the first time, and create roles (migration 4). When the
+// in its schema the first time, and create roles (migration 4). A role
+// that may not create the roles (or, in a later database, grant or drop
+// them) still migrates; each migration says what it left undone in a
+// NOTICE, which WithNotices passes on. When the
 // schema is current, Up and Version need only SELECT on the bookkeeping
 // table (and USAGE on its schema): the advisory lock needs no privilege,
 // and the table is created only when missing. A replica that runs Up at

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/redact"
@@ -67,8 +68,8 @@ var ErrInvalid = errors.New("migrations: invalid input")
 // connection's application_name is "pgfence migrations" unless it names
 // one. ctx bounds connecting and waiting for the lock; once a migration has
 // started it runs to its end, and cancelling ctx stops before the next one.
-func Up(ctx context.Context, databaseURL string) error {
-	if err := run(ctx, databaseURL, up); err != nil {
+func Up(ctx context.Context, databaseURL string, opts ...Option) error {
+	if err := run(ctx, databaseURL, up, opts); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
 	}
 	return nil
@@ -88,8 +89,8 @@ func Up(ctx context.Context, databaseURL string) error {
 // something, and with them every membership in them: each GRANT
 // pgfence_client TO app is gone, and a later Up creates the roles without
 // members.
-func Down(ctx context.Context, databaseURL string) error {
-	if err := run(ctx, databaseURL, down); err != nil {
+func Down(ctx context.Context, databaseURL string, opts ...Option) error {
+	if err := run(ctx, databaseURL, down, opts); err != nil {
 		return fmt.Errorf("migrations: down: %w", err)
 	}
 	return nil
@@ -99,7 +100,7 @@ func Down(ctx context.Context, databaseURL string) error {
 // migration failed half-way (dirty). It returns version 0 when none is
 // applied.
 func Version(ctx context.Context, databaseURL string) (version uint, dirty bool, err error) {
-	err = withConn(ctx, databaseURL, func(conn *pgx.Conn, b bookkeeping) error {
+	err = withConn(ctx, databaseURL, nil, func(conn *pgx.Conn, b bookkeeping) error {
 		var verr error
 		version, dirty, verr = b.version(ctx, conn)
 		return verr
@@ -174,13 +175,59 @@ const (
 	down direction = false
 )
 
+// Option configures Up and Down.
+type Option func(*options) error
+
+type options struct {
+	notice func(message, hint string)
+}
+
+// noticePrefix begins the message of every notice the migration files
+// raise.
+const noticePrefix = "pgfence: "
+
+// WithNotices has f called with the message and hint ("" for none) of each
+// notice the migration files raise while Up or Down runs: that this role
+// could not create the roles, or grant one, and what to run instead; that
+// Down kept the roles because another database uses them. Their messages
+// begin "pgfence: ". PostgreSQL's own notices (a DROP ... IF EXISTS that
+// found nothing) are not passed on. f is called from the goroutine that
+// called Up or Down, before it returns. Without this option the notices
+// are dropped.
+func WithNotices(f func(message, hint string)) Option {
+	return func(o *options) error {
+		if f == nil {
+			return fmt.Errorf("%w: WithNotices: function must not be nil", ErrInvalid)
+		}
+		o.notice = f
+		return nil
+	}
+}
+
 // run migrates all the way up or down under the advisory lock.
-func run(ctx context.Context, databaseURL string, dir direction) error {
+func run(ctx context.Context, databaseURL string, dir direction, opts []Option) error {
+	var o options
+	for _, opt := range opts {
+		if opt == nil {
+			return fmt.Errorf("%w: option must not be nil", ErrInvalid)
+		}
+		if err := opt(&o); err != nil {
+			return err
+		}
+	}
 	ms, err := load()
 	if err != nil {
 		return err
 	}
-	return withConn(ctx, databaseURL, func(conn *pgx.Conn, b bookkeeping) error {
+	var onNotice pgconn.NoticeHandler
+	if o.notice != nil {
+		onNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			if strings.HasPrefix(n.Message, noticePrefix) {
+				o.notice(n.Message, n.Hint)
+			}
+		}
+	}
+	return withConn(ctx, databaseURL, onNotice, func(conn *pgx.Conn, b bookkeeping) error {
 		// The files name pgfence's objects schema-qualified and
 		// PostgreSQL's unqualified. With the role's own search path, a
 		// look-alike that another role created in one of its schemas
@@ -365,16 +412,17 @@ type bookkeeping struct {
 	lockID int64
 }
 
-// withConn connects, resolves the bookkeeping names and runs fn; the
-// connection is closed before it returns. Its errors never show the
+// withConn connects, resolves the bookkeeping names and runs fn; onNotice
+// (nil for none) handles the server's notices; the connection is closed
+// before it returns. Its errors never show the
 // password, in whole or in part: pgx's parse error is not passed on (it may
 // echo a piece of a malformed string), and every other error's text is
 // redacted of what the password could be.
-func withConn(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {
-	return redact.ErrorFor(connect(ctx, databaseURL, fn), databaseURL)
+func withConn(ctx context.Context, databaseURL string, onNotice pgconn.NoticeHandler, fn func(*pgx.Conn, bookkeeping) error) error {
+	return redact.ErrorFor(connect(ctx, databaseURL, onNotice, fn), databaseURL)
 }
 
-func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkeeping) error) error {
+func connect(ctx context.Context, databaseURL string, onNotice pgconn.NoticeHandler, fn func(*pgx.Conn, bookkeeping) error) error {
 	if ctx == nil {
 		return fmt.Errorf("%w: context must not be nil", ErrInvalid)
 	}
@@ -391,6 +439,9 @@ func connect(ctx context.Context, databaseURL string, fn func(*pgx.Conn, bookkee
 		// Named in pg_stat_activity, for an operator looking for what a
 		// migration waits on, or what waits on it.
 		cfg.RuntimeParams["application_name"] = applicationName
+	}
+	if onNotice != nil {
+		cfg.OnNotice = onNotice
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {

@@ -83,14 +83,23 @@ The upstream migrate CLI works on the same files:
 	return cmd
 }
 
-func runMigration(cmd *cobra.Command, g *globals, what string, fn func(context.Context, string) error) error {
+func runMigration(cmd *cobra.Command, g *globals, what string, fn func(context.Context, string, ...migrations.Option) error) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	conn := g.connString()
 	if err := checkConnect(ctx, conn); err != nil {
 		return err
 	}
-	if err := fn(ctx, conn); err != nil {
+	// What the migrations could not do for want of privileges (create or
+	// grant the roles, drop them), and what to run instead.
+	notices := migrations.WithNotices(func(message, hint string) {
+		w := cmd.ErrOrStderr()
+		fmt.Fprintf(w, "NOTICE: %s\n", message)
+		if hint != "" {
+			fmt.Fprintf(w, "HINT: %s\n", hint)
+		}
+	})
+	if err := fn(ctx, conn, notices); err != nil {
 		return err
 	}
 	v, _, err := migrations.Version(ctx, conn)

@@ -35,6 +35,7 @@ func latestMigration(t *testing.T) int {
 
 func TestMigrateUpVersionDown(t *testing.T) {
 	t.Parallel()
+	_ = pgtest.URL(t) // a migrated database: it uses the roles, so down keeps them
 	url := pgtest.EmptyURL(t)
 	schemaExists := func() bool {
 		t.Helper()
@@ -54,8 +55,8 @@ func TestMigrateUpVersionDown(t *testing.T) {
 	if r := db(t, url, "migrate", "version"); r.code != 0 || r.stdout != "0\n" {
 		t.Fatalf("version before up: exit %d, stdout %q; want 0", r.code, r.stdout)
 	}
-	if r := db(t, url, "migrate", "up"); r.code != 0 || !strings.Contains(r.stdout, "version "+latest) {
-		t.Fatalf("up: exit %d, stdout %q", r.code, r.stdout)
+	if r := db(t, url, "migrate", "up"); r.code != 0 || !strings.Contains(r.stdout, "version "+latest) || strings.Contains(r.stderr, "NOTICE") {
+		t.Fatalf("up: exit %d, stdout %q, stderr %q; want no notice (a superuser may do everything)", r.code, r.stdout, r.stderr)
 	}
 	if !schemaExists() {
 		t.Fatal("schema pgfence missing after migrate up")
@@ -66,8 +67,11 @@ func TestMigrateUpVersionDown(t *testing.T) {
 	if r := db(t, url, "migrate", "version"); r.code != 0 || r.stdout != latest+"\n" {
 		t.Fatalf("version after up: exit %d, stdout %q; want %s", r.code, r.stdout, latest)
 	}
-	if r := db(t, url, "migrate", "down"); r.code != 0 || !strings.Contains(r.stdout, "version 0") {
-		t.Fatalf("down: exit %d, stdout %q", r.code, r.stdout)
+	// The server's other databases use the roles: Down keeps them, and the
+	// migration's notice says so.
+	if r := db(t, url, "migrate", "down"); r.code != 0 || !strings.Contains(r.stdout, "version 0") ||
+		!strings.Contains(r.stderr, "NOTICE: pgfence: roles pgfence_client and pgfence_operator kept") {
+		t.Fatalf("down: exit %d, stdout %q, stderr %q; want the notice that the roles were kept", r.code, r.stdout, r.stderr)
 	}
 	if schemaExists() {
 		t.Fatal("schema pgfence still there after migrate down")
