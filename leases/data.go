@@ -133,8 +133,10 @@ func storable(data []byte) error {
 // numbers in, can store the JSON number num (valid JSON): at most 16383
 // digits after the decimal point (counting those an exponent adds), a
 // weight of at most 131071 decimal digits before it, and an exponent
-// below 2^30 (INT_MAX/2) in magnitude even for zero. Beyond these the
-// server refuses the value (22003, "value overflows numeric format").
+// below 2^30-1 (INT_MAX/2) in magnitude even for zero. Beyond these the
+// server refuses the value (22003, "value overflows numeric format");
+// PostgreSQL 17 also stores a zero whose exponent is 2^30-1, which 15
+// refuses, and numericFits refuses with 15.
 func numericFits(num string) bool {
 	mant, exp := strings.TrimPrefix(num, "-"), ""
 	if k := strings.IndexAny(mant, "eE"); k >= 0 {

@@ -324,7 +324,11 @@ func TestNumericFitsAgreesWithServer(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "22003") {
 			t.Fatalf("%s: %v", num, err)
 		}
-		if fits := numericFits(num); fits != (err == nil) {
+		// PostgreSQL 15 refuses a zero with the exponent 2^30-1, and 17
+		// stores it: numericFits keeps 15's bound, refusing what a
+		// supported server refuses.
+		stricter := num == "0e1073741823"
+		if fits := numericFits(num); fits != (err == nil) && (fits || !stricter) {
 			t.Errorf("numericFits(%s) = %v, but the server says %v", num, fits, err)
 		}
 	}
