@@ -2,6 +2,7 @@ package leases
 
 import (
 	"context"
+	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -26,7 +27,7 @@ func (c *Client) registerGauges(mp metric.MeterProvider) func() {
 	leader, err2 := meter.Int64ObservableUpDownCounter(metricLeader, metric.WithUnit("{election}"),
 		metric.WithDescription("Elections (Lead) this client leads now; with the name attribute, 1 per election led."))
 	if err1 != nil || err2 != nil {
-		c.log.Warn("leases: gauges unavailable", "err", err1, "err2", err2)
+		c.log.Warn("leases: gauges unavailable", "err", errors.Join(err1, err2))
 		return func() {}
 	}
 	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
