@@ -3,10 +3,11 @@
 # the upstream images pgfence's Docker paths use, for machines whose Docker
 # engine cannot pull them (no registry):
 #
-#   postgres  pgfence/postgres:<major>-<suite>  PostgreSQL from Debian (15 on
-#             bookworm) with an entrypoint that honours the upstream image's
-#             POSTGRES_* variables (docker/postgres/docker-entrypoint.sh);
-#             stands in for postgres:17 / postgres:17-alpine
+#   postgres  pgfence/postgres:<major>-<suite>  PostgreSQL 17 from Debian
+#             trixie (the host's mirrors) with an entrypoint that honours
+#             the upstream image's POSTGRES_* variables
+#             (docker/postgres/docker-entrypoint.sh); stands in for
+#             postgres:17 / postgres:17-alpine
 #   migrate   pgfence/migrate:<version>          the golang-migrate CLI of the
 #             version the migrations are tested with, built with Go (tags postgres, pgx5), on the
 #             runtime image; stands in for migrate/migrate
@@ -63,7 +64,8 @@ done
 [ "$(id -u)" = 0 ] || die "run as root: mmdebstrap builds the root filesystems in root mode"
 
 # The suite and the apt sources of this machine: the images are built from
-# the same Debian release and mirror as the host's packages.
+# the same Debian release and mirror as the host's packages (the postgres
+# image from another release, through the same mirrors: build_postgres).
 # shellcheck disable=SC1091
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 [ -n "$suite" ] || die "cannot tell the Debian suite from /etc/os-release"
@@ -77,6 +79,7 @@ for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.l
 	fi
 done
 [ ${#sources[@]} -gt 0 ] || die "no apt sources for $suite under /etc/apt"
+host_sources=("${sources[@]}")
 
 # recipe identifies what an image is built from: this script, the
 # entrypoint, and the inputs named in its arguments.
@@ -148,23 +151,30 @@ mmdebstrap_import() {
 	log "$tag: built in $((SECONDS - start))s"
 }
 
-# pg_major: the PostgreSQL major version Debian's postgresql package
-# depends on (15 on bookworm).
-pg_major() {
-	apt-cache show --no-all-versions postgresql 2>/dev/null | sed -n 's/^Depends:.*postgresql-\([0-9][0-9]*\).*/\1/p' | head -1
-}
+# The PostgreSQL of the postgres image: the major the upstream images that
+# pgfence's Docker paths name run (postgres:17, postgres:17-alpine), from the
+# Debian release that ships it. The host's own PostgreSQL (15 on bookworm)
+# serves the other tests, so CI covers both majors.
+pg_major=17
+pg_suite=trixie
 
 build_postgres() {
-	local major
-	major=$(pg_major)
-	if [ -z "$major" ]; then
-		apt-get update -qq >&2 # a fresh machine may have no package lists yet
-		major=$(pg_major)
-	fi
-	[ -n "$major" ] || die "cannot tell Debian's PostgreSQL major version from apt-cache show postgresql"
+	local major=$pg_major
+	# mmdebstrap_import and recipe read suite and sources: here, the same
+	# mirrors as the host's, for pg_suite instead of the host's suite.
+	local host_suite=$suite suite=$pg_suite srcdir f
+	local sources=()
+	srcdir=$(mktemp -d)
+	for f in "${host_sources[@]}"; do
+		sed -E "s/\b$host_suite\b/$suite/g" "$f" >"$srcdir/$(basename "$f")"
+		sources+=("$srcdir/$(basename "$f")")
+	done
 	local tag="pgfence/postgres:$major-$suite" rcp
 	rcp=$(recipe postgres "$major")
-	if current PGFENCE_POSTGRES_IMAGE "$tag" "$rcp"; then return; fi
+	if current PGFENCE_POSTGRES_IMAGE "$tag" "$rcp"; then
+		rm -rf "$srcdir"
+		return
+	fi
 	mmdebstrap_import "$tag" "$rcp" \
 		--variant=minbase --include="postgresql-$major" \
 		--customize-hook='rm -rf "$1"/etc/postgresql/* "$1"/var/lib/postgresql/*' \
@@ -179,6 +189,7 @@ build_postgres() {
 		"STOPSIGNAL SIGINT" \
 		'ENTRYPOINT ["docker-entrypoint.sh"]' \
 		'CMD ["postgres"]'
+	rm -rf "$srcdir"
 }
 
 build_golang() {
