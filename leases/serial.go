@@ -18,13 +18,15 @@ import (
 // whenever replicas contend for a row ("could not serialize access"); a
 // deadlock (40P01) ends one of two statements the same way. Either rolls
 // the statement's transaction back whole, so running it again is safe and
-// is what PostgreSQL asks of its caller: the Client does, a bounded number
-// of times, backing off with jitter, and logs once that it had to.
+// is what PostgreSQL asks of its caller: the Client does, for a bounded
+// time, backing off with jitter, and logs once that it had to.
 
-// serialAttempts bounds the attempts of one statement; serialBackoff is
-// the most the first retry waits, doubling up to serialMaxBackoff.
+// serialRetryFor bounds the time one statement is retried for, from its
+// first failure (a count of attempts would not do: on a loaded server, 20
+// attempts of three contending clients all failed in tests); serialBackoff
+// is the most the first retry waits, doubling up to serialMaxBackoff.
 const (
-	serialAttempts   = 20
+	serialRetryFor   = 10 * time.Second
 	serialBackoff    = time.Millisecond
 	serialMaxBackoff = 64 * time.Millisecond
 )
@@ -41,15 +43,20 @@ func retryable(err error) bool {
 }
 
 // serially runs f until it returns nil or an error that is not retryable,
-// at most serialAttempts times, while ctx lasts; it returns f's last error.
+// for at most serialRetryFor after its first failure, while ctx lasts; it
+// returns f's last error.
 func (c *Client) serially(ctx context.Context, f func() error) error {
 	err := f()
-	for attempt := 1; err != nil && retryable(err) && attempt < serialAttempts; attempt++ {
+	if err == nil || !retryable(err) {
+		return err
+	}
+	until := time.Now().Add(serialRetryFor)
+	for attempt := 1; err != nil && retryable(err) && time.Now().Before(until); attempt++ {
 		c.serialOnce.Do(func() {
 			c.log.Warn("leases: retrying a statement after a serialization failure; is default_transaction_isolation read committed?",
 				"sqlstate", dbx.SQLState(err))
 		})
-		backoff := min(serialBackoff<<(attempt-1), serialMaxBackoff)
+		backoff := min(serialBackoff<<min(attempt-1, 16), serialMaxBackoff)
 		t := time.NewTimer(rand.N(backoff) + 1)
 		select {
 		case <-ctx.Done():
