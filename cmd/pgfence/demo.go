@@ -283,7 +283,7 @@ func (d *demo) handle(p *demoProc, ev demoEvent) {
 		}
 	case "stale":
 		d.stale = append(d.stale, ev)
-		fmt.Fprintf(d.out, "period %d: %s's write with fence %d was rejected by the database: stale\n", ev.Period, ev.Worker, ev.Fence)
+		fmt.Fprintf(d.out, "period %d: %s's write with fence %d was rejected by the database: stale%s\n", ev.Period, ev.Worker, ev.Fence, retried(ev))
 	case "lost":
 		fmt.Fprintf(d.out, "period %d: %s noticed its lease was lost while working and did not write (%s)\n", ev.Period, ev.Worker, ev.Error)
 	case "error":
@@ -303,6 +303,18 @@ func (d *demo) startAll() {
 			d.goAhead(w)
 		}
 	}
+}
+
+// retried says how many serialization failures a write was retried after
+// (repeatable read, serializable), if any.
+func retried(ev demoEvent) string {
+	if ev.Retries == 0 {
+		return ""
+	}
+	if ev.Retries == 1 {
+		return " (retried after a serialization failure)"
+	}
+	return fmt.Sprintf(" (retried after %d serialization failures)", ev.Retries)
 }
 
 func (d *demo) goAhead(p *demoProc) {
@@ -373,6 +385,13 @@ func (d *demo) check(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	if len(d.stale) != 1 || d.stale[0].Period != d.pause {
 		failures = append(failures, fmt.Sprintf("want exactly one stale write rejected, at period %d; got %d", d.pause, len(d.stale)))
+	}
+	for _, s := range d.stale {
+		// The refused write did not land: the period's row is another
+		// worker's, written with a later grant's fence.
+		if r, ok := rows[s.Period]; !ok || r.worker == s.Worker || r.fence <= s.Fence {
+			failures = append(failures, fmt.Sprintf("period %d: %s's write with fence %d was refused, but the table does not show a later grant's row", s.Period, s.Worker, s.Fence))
+		}
 	}
 	for name, code := range d.exitCodes {
 		if code != 0 {

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"net"
+	neturl "net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,5 +132,119 @@ func TestDemoWorkerStopFinishesWrite(t *testing.T) {
 	}
 	if writer != "stopped" || !slices.ContainsFunc(out, func(l string) bool { return strings.HasPrefix(l, "stopped: period 2: did the work") }) {
 		t.Errorf("period 2 written by %q; the stopped worker said %q", writer, out)
+	}
+}
+
+// Under repeatable read and serializable a fenced write whose lease row
+// changed after the transaction's snapshot fails with a serialization
+// failure (SQLSTATE 40001) instead of PF001 — a stale one as much as the
+// current holder's after its own renewal — and fencing/doc.go says to retry
+// it. The test makes it happen to the frozen worker's write: a trigger that
+// runs before the guard holds the write, on an advisory lock the test
+// holds, while the test takes and releases the period's lease itself. The
+// demo still passes, the write is refused as stale, and the data show it did
+// not land. One level comes from the database's defaults (as ALTER ROLE ...
+// SET would give it), the other from the connection string's options.
+func TestDemoIsolationLevels(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, level string }{
+		{"database default serializable", "serializable"},
+		{"connection option repeatable read", "repeatable read"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := pgtest.URL(t)
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if tc.level == "serializable" {
+				if _, err := conn.Exec(ctx, `DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = serializable', current_database()); END$$`); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				url += "&options=" + strings.ReplaceAll(neturl.QueryEscape(`-c default_transaction_isolation=repeatable\ read`), "+", "%20")
+			}
+			check, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var level string
+			err = check.QueryRow(ctx, "SHOW default_transaction_isolation").Scan(&level)
+			check.Close(ctx)
+			if err != nil || level != tc.level {
+				t.Fatalf("the workers' sessions would run at %q (%v), want %q", level, err, tc.level)
+			}
+			// The trigger waits for this lock; only a write of a period that
+			// is done already (the frozen worker's) gets there.
+			const holdKey = 7301
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", holdKey); err != nil {
+				t.Fatal(err)
+			}
+
+			// --work 1s: the test installs the trigger once demo has
+			// (re)created the table, well before period 2's write.
+			p := startCLI(t, cliEnv(), "demo", "--workers", "3", "--periods", "3", "--ttl", "1s", "--work", "1s", "--database-url", url)
+			pgtest.WaitFor(t, cliTimeout, "demo to create its table", func() bool {
+				var exists bool
+				err := conn.QueryRow(ctx, "SELECT to_regclass('pgfence_demo.periods') IS NOT NULL").Scan(&exists)
+				return err == nil && exists
+			})
+			if _, err := conn.Exec(ctx, `
+				CREATE FUNCTION pgfence_demo.hold() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+				  IF EXISTS (SELECT FROM pgfence_demo.periods WHERE period = NEW.period) THEN
+				    PERFORM pg_advisory_xact_lock(7301);
+				  END IF;
+				  RETURN NEW;
+				END$$;
+				CREATE TRIGGER a_hold BEFORE INSERT ON pgfence_demo.periods
+				  FOR EACH ROW EXECUTE FUNCTION pgfence_demo.hold()`); err != nil {
+				t.Fatal(err)
+			}
+			pgtest.WaitFor(t, cliTimeout, "the frozen worker's write to wait on the trigger", func() bool {
+				var n int
+				err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+					WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, holdKey).Scan(&n)
+				return err == nil && n == 1
+			})
+			// The period's lease changes after the write's snapshot.
+			if r := db(t, url, "run", "--lease", "demo/period/2", "--ttl", "1s", "--", "true"); r.code != 0 {
+				t.Fatalf("take and release demo/period/2: exit %d", r.code)
+			}
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", holdKey); err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for l := range p.lines {
+				out = append(out, l)
+			}
+			stdout := strings.Join(out, "\n")
+			if code := p.wait(); code != 0 {
+				t.Fatalf("demo at %s: exit %d:\n%s", tc.level, code, stdout)
+			}
+			if !strings.Contains(stdout, "each period done exactly once: ok; stale writes rejected: 1") {
+				t.Errorf("demo at %s did not report a passing check:\n%s", tc.level, stdout)
+			}
+			if !strings.Contains(stdout, "was rejected by the database: stale (retried after a serialization failure)") {
+				t.Errorf("the frozen worker's write did not meet the serialization failure the test set up:\n%s", stdout)
+			}
+			// The frozen worker wrote nothing: period 2's row is its
+			// successor's, with a higher fence.
+			m := regexp.MustCompile(`period 2: (w\d+) resumed \(SIGCONT\) and writes with its old fence (\d+)`).FindStringSubmatch(stdout)
+			if m == nil {
+				t.Fatalf("demo did not narrate the frozen worker's write:\n%s", stdout)
+			}
+			var writer string
+			var fence int64
+			if err := conn.QueryRow(ctx, "SELECT worker, fence FROM pgfence_demo.periods WHERE period = 2").Scan(&writer, &fence); err != nil {
+				t.Fatal(err)
+			}
+			if old, _ := strconv.ParseInt(m[2], 10, 64); writer == m[1] || fence <= old {
+				t.Errorf("period 2 was written by %s with fence %d; the frozen worker %s had fence %d", writer, fence, m[1], old)
+			}
+		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/leases"
 )
 
@@ -27,7 +28,10 @@ type demoEvent struct {
 	Worker string `json:"worker"`
 	Period int    `json:"period,omitempty"`
 	Fence  int64  `json:"fence,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// Retries counts the write's attempts that failed with a
+	// serialization failure before the one reported (wrote, stale).
+	Retries int    `json:"retries,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 type workerOptions struct {
@@ -215,19 +219,56 @@ func (w *worker) period(ctx context.Context, n int) error {
 	// could not say whether it did the period.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), demoWriteTimeout)
 	defer cancel()
-	var fence int64
-	err = fencing.InTx(wctx, w.pool, lease.Token(), func(tx pgx.Tx) error {
-		return tx.QueryRow(wctx, sqlDemoWrite, n, w.o.name).Scan(&fence)
-	})
+	fence, retries, err := w.write(wctx, lease.Token(), n)
 	switch {
 	case fencing.IsStale(err):
-		w.emit(demoEvent{Event: "stale", Period: n, Fence: lease.Fence(), Error: err.Error()})
+		w.emit(demoEvent{Event: "stale", Period: n, Fence: lease.Fence(), Retries: retries, Error: err.Error()})
 		return nil
 	case err != nil:
-		return fmt.Errorf("write period %d: %w", n, err)
+		return fmt.Errorf("write period %d (%d retries after serialization failures): %w", n, retries, err)
 	}
-	w.emit(demoEvent{Event: "wrote", Period: n, Fence: fence})
+	w.emit(demoEvent{Event: "wrote", Period: n, Fence: fence, Retries: retries})
 	return nil
+}
+
+// demoWriteAttempts bounds the attempts of a period's fenced write.
+const demoWriteAttempts = 10
+
+// write writes period n's row in a fenced transaction declaring tok, and
+// returns the fence the guard stamped on it and how many times it retried.
+//
+// Under repeatable read and serializable (a role's or database's
+// default_transaction_isolation, or the connection string's options) the
+// guard refuses a write whose lease row changed after the transaction's
+// snapshot with a serialization failure (40001) rather than PF001: a renewal
+// of the holder's own lease does that, and so does any grant or release
+// after a stale holder's snapshot (fencing/doc.go, "The fence lock"). The
+// transaction did not commit, and the write is retried with a new snapshot,
+// as the guard's documentation says, at most demoWriteAttempts times while
+// ctx lasts: the current holder's write then lands, and a stale holder's is
+// refused with PF001, which only a superseded grant gets.
+func (w *worker) write(ctx context.Context, tok fencing.Token, n int) (fence int64, retries int, err error) {
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, 64*time.Millisecond) {
+		err = fencing.InTx(ctx, w.pool, tok, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, sqlDemoWrite, n, w.o.name).Scan(&fence)
+		})
+		switch pgerr.Code(err) {
+		case pgerr.SerializationFailure, pgerr.DeadlockDetected:
+		default:
+			return fence, retries, err
+		}
+		if retries+1 >= demoWriteAttempts {
+			return 0, retries, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, retries, err
+		case <-t.C:
+		}
+		retries++
+	}
 }
 
 func (w *worker) done(ctx context.Context, n int) (bool, error) {
@@ -252,9 +293,9 @@ func (w *worker) emit(e demoEvent) {
 	case "skipped":
 		msg = "already done by another worker"
 	case "wrote":
-		msg = fmt.Sprintf("did the work: wrote the row with fence %d", e.Fence)
+		msg = fmt.Sprintf("did the work: wrote the row with fence %d%s", e.Fence, retried(e))
 	case "stale":
-		msg = fmt.Sprintf("write with fence %d REJECTED by the database (stale): %s", e.Fence, e.Error)
+		msg = fmt.Sprintf("write with fence %d REJECTED by the database (stale)%s: %s", e.Fence, retried(e), e.Error)
 	case "lost":
 		msg = fmt.Sprintf("lease lost while working (%s): not writing", e.Error)
 	case "error":
