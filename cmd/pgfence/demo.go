@@ -57,6 +57,25 @@ type demoOptions struct {
 // it: generous for the defaults, which take seconds.
 const demoTimeout = 5 * time.Minute
 
+// The demo's timing flags, bounded so that a run fits in demoTimeout: the
+// frozen worker is kept frozen for about --ttl, and every period takes
+// --work. demo worker takes the same bounds.
+const (
+	maxDemoTTL  = time.Minute
+	maxDemoWork = 10 * time.Second
+)
+
+// validDemoTiming checks --ttl and --work of demo and demo worker.
+func validDemoTiming(ttl, work time.Duration) error {
+	switch {
+	case ttl < leases.MinTTL || ttl > maxDemoTTL:
+		return usageErrorf("--ttl must be between %s and %s, got %s", leases.MinTTL, maxDemoTTL, ttl)
+	case work < 0 || work > maxDemoWork:
+		return usageErrorf("--work must be between 0s and %s, got %s", maxDemoWork, work)
+	}
+	return nil
+}
+
 func newDemoCmd(g *globals) *cobra.Command {
 	var o demoOptions
 	cmd := &cobra.Command{
@@ -70,10 +89,15 @@ func newDemoCmd(g *globals) *cobra.Command {
 				return usageErrorf("--workers must be between 2 and 50 (one is frozen, another must take over), got %d", o.workers)
 			case o.periods < 1 || o.periods > 1000:
 				return usageErrorf("--periods must be between 1 and 1000, got %d", o.periods)
-			case o.ttl < leases.MinTTL:
-				return usageErrorf("--ttl must be at least %s, got %s", leases.MinTTL, o.ttl)
-			case o.work < 0:
-				return usageErrorf("--work must not be negative, got %s", o.work)
+			}
+			if err := validDemoTiming(o.ttl, o.work); err != nil {
+				return err
+			}
+			// Each period takes --work at least, the frozen one --ttl and
+			// --work more (its successor works too).
+			if least := time.Duration(o.periods+1)*o.work + o.ttl; least > demoTimeout/2 {
+				return usageErrorf("--periods %d with --work %s and --ttl %s would take at least %s; the demo gives up after %s: "+
+					"lower --periods or --work", o.periods, o.work, o.ttl, least, demoTimeout)
 			}
 			return runDemo(cmd, g, o)
 		}),
@@ -81,8 +105,8 @@ func newDemoCmd(g *globals) *cobra.Command {
 	f := cmd.Flags()
 	f.IntVar(&o.workers, "workers", 5, "worker processes (2 to 50)")
 	f.IntVar(&o.periods, "periods", 10, "periods (1 to 1000)")
-	f.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL: how long the frozen worker's lease outlives its last renewal")
-	f.DurationVar(&o.work, "work", 50*time.Millisecond, "simulated work per period")
+	f.DurationVar(&o.ttl, "ttl", 2*time.Second, fmt.Sprintf("lease TTL: how long the frozen worker's lease outlives its last renewal (%s to %s)", leases.MinTTL, maxDemoTTL))
+	f.DurationVar(&o.work, "work", 50*time.Millisecond, fmt.Sprintf("simulated work per period (0s to %s)", maxDemoWork))
 	cmd.AddCommand(newDemoWorkerCmd(g))
 	return cmd
 }

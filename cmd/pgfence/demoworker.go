@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
@@ -65,11 +66,13 @@ pgfence must be migrated; the demo table is created if missing.`,
 		Hidden: true,
 		Args:   argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
-			if o.ttl < leases.MinTTL {
-				return usageErrorf("--ttl must be at least %s, got %s", leases.MinTTL, o.ttl)
+			if err := validDemoTiming(o.ttl, o.work); err != nil {
+				return err
 			}
-			if o.periods < 0 || o.first < 0 || o.work < 0 {
-				return usageErrorf("--periods, --first and --work must not be negative")
+			// Periods are the demo table's int column.
+			if o.periods < 0 || o.first < 0 || o.first+o.periods > math.MaxInt32 {
+				return usageErrorf("--first and --periods must not be negative, and --first + --periods at most %d (periods are an int column), got --first %d --periods %d",
+					math.MaxInt32, o.first, o.periods)
 			}
 			if o.name == "" {
 				host, _ := os.Hostname()
@@ -82,8 +85,8 @@ pgfence must be migrated; the demo table is created if missing.`,
 	f.StringVar(&o.name, "name", "", "worker name (default <hostname>/<pid>)")
 	f.IntVar(&o.periods, "periods", 0, "periods to take part in (0: until stopped)")
 	f.IntVar(&o.first, "first", 0, "first period (0: one past the highest period done)")
-	f.DurationVar(&o.ttl, "ttl", 2*time.Second, "lease TTL")
-	f.DurationVar(&o.work, "work", time.Second, "simulated work per period, under the lease")
+	f.DurationVar(&o.ttl, "ttl", 2*time.Second, fmt.Sprintf("lease TTL (%s to %s)", leases.MinTTL, maxDemoTTL))
+	f.DurationVar(&o.work, "work", time.Second, fmt.Sprintf("simulated work per period, under the lease (0s to %s)", maxDemoWork))
 	f.BoolVar(&o.supervised, "supervised", false, "speak JSON to the demo parent, wait for its go-ahead before each write")
 	_ = f.MarkHidden("supervised")
 	return cmd

@@ -52,6 +52,14 @@ func TestUsageErrors(t *testing.T) {
 		{"migrate sideways", []string{"migrate", "sideways"}, `unknown migrate subcommand "sideways"`},
 		{"demo one worker", []string{"demo", "--workers", "1"}, "--workers must be between 2 and 50"},
 		{"demo no periods", []string{"demo", "--periods", "0"}, "--periods must be between 1 and 1000"},
+		// The frozen worker stays frozen for --ttl, each period takes
+		// --work: the demo must fit in its own time limit.
+		{"demo ttl too long", []string{"demo", "--ttl", "1h"}, "--ttl must be between 1s and 1m0s, got 1h0m0s"},
+		{"demo work too long", []string{"demo", "--work", "1h"}, "--work must be between 0s and 10s, got 1h0m0s"},
+		{"demo too long in all", []string{"demo", "--periods", "1000", "--work", "1s"}, "would take at least 16m43s; the demo gives up after 5m0s"},
+		{"demo worker ttl too long", []string{"demo", "worker", "--ttl", "1h"}, "--ttl must be between 1s and 1m0s, got 1h0m0s"},
+		{"demo worker work too long", []string{"demo", "worker", "--work", "11s"}, "--work must be between 0s and 10s, got 11s"},
+		{"demo worker period out of range", []string{"demo", "worker", "--first", "2147483647", "--periods", "2"}, "--first + --periods at most 2147483647"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
