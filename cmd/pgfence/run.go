@@ -25,8 +25,9 @@ import (
 // after its lease or lock is lost; with a lease, at most maxGrace(TTL).
 const defaultGrace = 10 * time.Second
 
-// releaseTimeout bounds the release after the command exits; expiry (or
-// the session's end, for a lock) is the fallback.
+// releaseTimeout bounds the release after the command exits, and what run
+// does after it (closing its connections); expiry (or the session's end,
+// for a lock) is the fallback.
 const releaseTimeout = 5 * time.Second
 
 const runLong = `Run a command while holding a lease (--lease, with --ttl) or a session
@@ -221,10 +222,15 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 	// abandon ends a run whose command did not start, reporting an
 	// interruption as such rather than as what it made fail.
 	var h *held
+	// shutdownBy, once set (after the command, or a release when it
+	// did not start), is when run stops waiting for its release and
+	// for closing its connections.
+	var shutdownBy time.Time
 	abandon := func(err error) error {
 		ierr := stopWatch()
 		if h != nil {
-			releaseHeld(h)
+			shutdownBy = time.Now().Add(releaseTimeout)
+			releaseHeld(h, shutdownBy)
 		}
 		if ierr != nil {
 			return ierr
@@ -236,12 +242,22 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 	if err != nil {
 		return abandon(err)
 	}
-	defer pool.Close()
 	var lc *leases.Client
+	defer func() {
+		by := shutdownBy
+		if by.IsZero() {
+			by = time.Now().Add(releaseTimeout)
+		}
+		closeBy(by, func() {
+			if lc != nil {
+				lc.Close()
+			}
+			pool.Close()
+		})
+	}()
 	if o.lease != "" {
 		lc, err = leases.New(pool)
 		if err == nil {
-			defer lc.Close()
 			h, err = takeLease(ctx, pool, lc, o)
 		}
 	} else {
@@ -284,11 +300,13 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 		}
 		rcancel()
 		if rerr != nil {
-			releaseHeld(h)
+			shutdownBy = time.Now().Add(releaseTimeout)
+			releaseHeld(h, shutdownBy)
 			return fmt.Errorf("the command succeeded but period %q of %s could not be recorded as done (%s): %w", o.once.key, h.what, why, rerr)
 		}
 	}
-	releaseHeld(h)
+	shutdownBy = time.Now().Add(releaseTimeout)
+	releaseHeld(h, shutdownBy)
 	if err != nil {
 		return err
 	}
@@ -352,10 +370,33 @@ func childEnv(environ, set []string) []string {
 	return append(env, set...)
 }
 
-func releaseHeld(h *held) {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+// releaseHeld releases h, waiting until by at most.
+func releaseHeld(h *held, by time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), by)
 	defer cancel()
 	_ = h.release(ctx) // a lost lease or lock fails to release; expiry covers the rest
+}
+
+// closeBy runs closeAll (the leases client's and the pool's Close), and
+// waits for it until by at most: run is about to exit, and the kernel
+// closes the connections left, ending their sessions (and a lock's);
+// a lease's grant expires after its TTL. Unbounded, a silent network kept
+// run 15s after its command: pgx cleans up a connection whose statement
+// was cancelled (a renewal in flight, the release) for up to 15s, and
+// pgxpool's Close waits for that; the leases client's Close tries a
+// failed release once more, for up to 5s.
+func closeBy(by time.Time, closeAll func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		closeAll()
+	}()
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }
 
 // interruptedOr reports a run interrupted before its command started as

@@ -399,3 +399,35 @@ func TestRunOnceRecordDoesNotHang(t *testing.T) {
 		t.Errorf("stderr %q does not say that the period was not recorded", p.stderr)
 	}
 }
+
+// After the network to the database goes silent, run exits soon after its
+// command: the release after the command is bounded by releaseTimeout,
+// and nothing after it (the leases client's retry of a failed release,
+// closing the connections, whose cancelled statements pgx cleans up for
+// up to 15s) may keep pgfence, which is about to exit anyway, for longer.
+func TestRunPartitionedExitsSoonAfterTheCommand(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	px, viaProxy := startSilentProxy(t, url)
+	p := startCLI(t, cliEnv("DATABASE_URL="+viaProxy), "run", "--lease", "cut-off", "--ttl", "3s", "--grace", "1s", "--",
+		"sh", "-c", `trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.05; done`)
+	if l := p.line(); l != "ready" {
+		t.Fatalf("child printed %q", l)
+	}
+	px.Silence()
+	if l := p.line(); l != "got TERM" {
+		t.Fatalf("after the cut the child printed %q, want %q", l, "got TERM")
+	}
+	ended := time.Now()
+	code := p.wait()
+	took := time.Since(ended)
+	t.Logf("pgfence exited %s after its command", took.Round(time.Millisecond))
+	if code != 3 {
+		t.Errorf("exit %d, want the command's 3", code)
+	}
+	// releaseTimeout, plus 5s for a loaded machine (a race-enabled binary
+	// alone takes a second to exit); before the bound it took 15s.
+	if took > releaseTimeout+5*time.Second {
+		t.Errorf("pgfence exited %s after its command, want within about %s", took.Round(time.Millisecond), releaseTimeout)
+	}
+}
