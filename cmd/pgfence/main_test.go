@@ -34,7 +34,21 @@ const envCLI = "PGFENCE_TEST_RUN_CLI"
 // It is checked before envCLI, which the command inherits.
 const argPrintEnv = "-print-env"
 
+// argZombieLeader turns the test binary into a process whose main thread
+// has exited while its other threads run on: its /proc stat says Z (a
+// zombie) although the process lives, as a C program's does after
+// pthread_exit in main. It prints its pid first. A signal that kills it
+// (SIGTERM, SIGKILL) kills all its threads.
+const argZombieLeader = "-zombie-leader"
+
 func init() {
+	if len(os.Args) == 2 && os.Args[1] == argZombieLeader {
+		// The runtime's other threads (sysmon at least) keep the process
+		// alive; init runs on the main thread, which exits alone.
+		fmt.Println(os.Getpid())
+		go func() { time.Sleep(time.Hour) }()
+		syscall.RawSyscall(syscall.SYS_EXIT, 0, 0, 0)
+	}
 	if len(os.Args) == 3 && os.Args[1] == argPrintEnv {
 		names := strings.Split(os.Args[2], ",")
 		environ, err := os.ReadFile("/proc/self/environ")

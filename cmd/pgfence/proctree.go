@@ -23,7 +23,8 @@ func becomeSubreaper() error {
 
 // descendants lists the live processes below pid, read from /proc. With
 // pid a subreaper that is every process its children started, also those
-// in another process group or session.
+// in another process group or session. A process whose main thread has
+// exited while others run is live.
 func descendants(pid int) []int {
 	dirs, _ := filepath.Glob("/proc/[0-9]*") // the pattern is valid
 	children := map[int][]int{}
@@ -57,9 +58,19 @@ func parentOf(dir string) (int, bool) {
 		return 0, false
 	}
 	f := bytes.Fields(b[i+1:])
-	if len(f) < 2 || string(f[0]) == "Z" {
+	if len(f) < 2 || string(f[0]) == "Z" && !liveThreads(dir) {
 		return 0, false // zombies are reaped, not killed
 	}
 	ppid, err := strconv.Atoi(string(f[1]))
 	return ppid, err == nil
+}
+
+// liveThreads reports whether the process at dir, whose state says it is a
+// zombie, has threads left: its main thread has exited (pthread_exit in a
+// C program's main) but the process lives on, with its children, until
+// the others end. It is no zombie to reap: wait4 does not report it until
+// then, so it must be counted and killed as any other process.
+func liveThreads(dir string) bool {
+	tasks, err := os.ReadDir(dir + "/task")
+	return err == nil && len(tasks) > 1
 }

@@ -431,3 +431,41 @@ func TestRunPartitionedExitsSoonAfterTheCommand(t *testing.T) {
 		t.Errorf("pgfence exited %s after its command, want within about %s", took.Round(time.Millisecond), releaseTimeout)
 	}
 }
+
+// A process whose main thread has exited while its other threads run
+// (pthread_exit in a C program's main) shows as a zombie in /proc, yet
+// lives: the reaper must count and kill it as any process the command
+// left running, or wait for it for good, run never exiting.
+func TestRunStopsAProcessWhoseMainThreadExited(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startCLI(t, cliEnv("DATABASE_URL="+url), "run", "--lease", "zombie-leader", "--ttl", "3s", "--grace", "1s", "--",
+		"sh", "-c", `"$0" `+argZombieLeader+` >/dev/null &
+until [ "$(cut -d' ' -f3 /proc/$!/stat)" = Z ]; do sleep 0.01; done
+echo $!`, self)
+	pid, err := strconv.Atoi(p.line())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	// It should take about a second; a minute allows for a loaded machine.
+	select {
+	case <-p.done:
+	case <-time.After(time.Minute):
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		t.Fatalf("pgfence still runs a minute after its command exited, the leftover process %q alive; stderr:\n%s", b, p.stderr)
+	}
+	if code := p.wait(); code != 0 {
+		t.Errorf("exit %d, want the command's 0", code)
+	}
+	if !strings.Contains(p.stderr.String(), "the command exited and left 1 processes running") {
+		t.Errorf("stderr %q does not report the leftover", p.stderr)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+		t.Errorf("the leftover process %d still exists after pgfence exited", pid)
+	}
+}
