@@ -22,6 +22,14 @@ const defaultFenceGap int64 = 3_600_000_000
 // the database clock; it returns the new floor.
 const sqlBumpFence = `SELECT pgfence.bump_fence($1::bigint)`
 
+// maxFenceFloor is the highest fence floor pgfence.bump_fence sets
+// (migration 4): the upper half of bigint is kept for the clock. It
+// refuses a higher one with SQLSTATE 22003 (numeric_value_out_of_range).
+const (
+	maxFenceFloor      int64 = 1<<62 - 1
+	sqlstateOutOfRange       = "22003"
+)
+
 // sqlstateReadOnly is what bump_fence raises on a standby, or in a session
 // whose role or database sets default_transaction_read_only
 // (read_only_sql_transaction).
@@ -53,15 +61,21 @@ Must run on the primary as pgfence_operator (or the role that applied
 pgfence's migrations).`,
 		Args: argsUsage(cobra.NoArgs),
 		RunE: action(func(cmd *cobra.Command, _ []string) error {
-			if gap < 1 {
+			switch {
+			case gap < 1:
 				return usageErrorf("--gap must be at least 1, got %d", gap)
+			case gap >= maxFenceFloor:
+				// The floor is raised to the clock's microseconds or
+				// more, plus the gap: this one can never fit.
+				return usageErrorf("--gap must be below %d, got %d: the fence floor may rise to %d at most (the upper half of bigint is kept for the clock), "+
+					"and the gap is added to the database clock's microseconds or more", maxFenceFloor, gap, maxFenceFloor)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return bounded(ctx, 0, func(ctx context.Context) error { return bumpFence(ctx, cmd, g, gap) })
 		}),
 	}
-	bump.Flags().Int64Var(&gap, "gap", defaultFenceGap, "how far above every fence and the clock to raise the floor, in microseconds (at least 1)")
+	bump.Flags().Int64Var(&gap, "gap", defaultFenceGap, fmt.Sprintf("how far above every fence and the clock to raise the floor, in microseconds (at least 1, below %d)", maxFenceFloor))
 	cmd.AddCommand(bump)
 	return cmd
 }
@@ -74,6 +88,10 @@ func bumpFence(ctx context.Context, cmd *cobra.Command, g *globals, gap int64) e
 	defer pool.Close()
 	var floor int64
 	if err := pool.QueryRow(ctx, sqlBumpFence, gap).Scan(&floor); err != nil {
+		if pgerr.Code(err) == sqlstateOutOfRange {
+			return fmt.Errorf("bump fences: --gap %d does not fit above the current fences and clock: the fence floor may rise to %d at most; give a smaller --gap (%w)",
+				gap, maxFenceFloor, err)
+		}
 		return bumpError(err)
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "raised the fence floor: every fence granted from now on exceeds %d\n", floor)

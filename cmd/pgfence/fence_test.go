@@ -91,3 +91,23 @@ func TestFenceBumpReadOnlyDefault(t *testing.T) {
 		t.Fatalf("fence bump in a read-only session: exit %d, stderr %q; want %d and default_transaction_read_only named", r.code, r.stderr, exitFailure)
 	}
 }
+
+// The fence floor may rise to 2^62-1 at most (pgfence.bump_fence keeps
+// the upper half of bigint for the clock). A --gap that can never fit
+// whatever the database holds is a usage error, before connecting; one that
+// does not fit above the current fences fails (exit 1: it depends on the
+// database) with a message that says to give a smaller --gap.
+func TestFenceBumpGapTooLarge(t *testing.T) {
+	t.Parallel()
+	for _, gap := range []string{"9223372036854775807", "4611686018427387903"} {
+		r := cli(t, cliEnv("DATABASE_URL="+unreachableURL), "fence", "bump", "--gap", gap)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--gap must be below 4611686018427387903") {
+			t.Errorf("fence bump --gap %s: exit %d, stderr %q; want %d, '--gap must be below 4611686018427387903'", gap, r.code, r.stderr, exitUsage)
+		}
+	}
+	url := pgtest.URL(t)
+	r := db(t, url, "fence", "bump", "--gap", "4611686018427387902")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "give a smaller --gap") {
+		t.Errorf("fence bump --gap 4611686018427387902: exit %d, stderr %q; want %d, 'give a smaller --gap'", r.code, r.stderr, exitFailure)
+	}
+}
