@@ -469,3 +469,62 @@ echo $!`, self)
 		t.Errorf("the leftover process %d still exists after pgfence exited", pid)
 	}
 }
+
+// SIGTERM reaches run while its renewal is stuck (here behind a row lock
+// on the lease, as behind a slow server) and completes late, after the
+// command has exited: run passes on the command's status, says nothing of
+// a loss, and releases the lease once — the next run is granted it at
+// once, with a higher fence, rather than after the TTL.
+func TestRunSIGTERMDuringALateRenewal(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	pool := pgtest.PoolFor(t, url)
+	p := startCLI(t, cliEnv("DATABASE_URL="+url), "run", "--lease", "late", "--ttl", "30s", "--",
+		"sh", "-c", `trap 'echo got TERM; exit 3' TERM; echo "$PGFENCE_FENCE"; while :; do sleep 0.05; done`)
+	fence, err := strconv.ParseInt(p.line(), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = blocker.Rollback(ctx) })
+	if _, err := blocker.Exec(ctx, `SELECT FROM pgfence.leases WHERE name = 'late' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// A renewal comes every TTL/3 = 10s at most.
+	pgtest.WaitFor(t, cliTimeout, "a renewal to wait for the row lock", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'pgfence run' AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.line(); l != "got TERM" {
+		t.Fatalf("after SIGTERM the command printed %q", l)
+	}
+	if err := blocker.Rollback(ctx); err != nil { // the renewal goes through, late
+		t.Fatal(err)
+	}
+	if code := p.wait(); code != 3 {
+		t.Errorf("exit %d, want the command's 3", code)
+	}
+	if s := p.stderr.String(); strings.Contains(s, "lost") {
+		t.Errorf("stderr reports a loss: %q", s)
+	}
+	var released bool
+	if err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'late'`).Scan(&released); err != nil {
+		t.Fatal(err)
+	}
+	if !released {
+		t.Errorf("the lease is still held after run exited")
+	}
+	r := db(t, url, "run", "--lease", "late", "--ttl", "30s", "--no-wait", "--", "sh", "-c", `echo "$PGFENCE_FENCE"`)
+	if next, _ := strconv.ParseInt(strings.TrimSpace(r.stdout), 10, 64); r.code != 0 || next <= fence {
+		t.Errorf("the next run: exit %d, fence %q; want 0 and a fence above %d", r.code, r.stdout, fence)
+	}
+}
