@@ -231,3 +231,37 @@ func awaitExpiry(t *testing.T, pool *pgxpool.Pool, name string) {
 		return err == nil && expired
 	})
 }
+
+// run --no-wait whose grant waits for something other than a frozen
+// holder — here an operator's lock on pgfence.leases, as a migration takes
+// — does not claim the lease is held (75: "someone else is doing it", which
+// a cron job treats as fine): the lease has no grant at all. The database
+// did not answer in time: 69, as for the one-shot commands.
+func TestRunNoWaitBehindALockedTable(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	ctx := context.Background()
+	locker, err := pgtest.PoolFor(t, url).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(locker.Release)
+	for _, q := range []string{`BEGIN`, `LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE`} {
+		if _, err := locker.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(ctx, `ROLLBACK`) })
+	start := time.Now()
+	r := db(t, url, "run", "--lease", "nobody-holds-it", "--ttl", "5s", "--no-wait", "--", "echo", "ran")
+	took := time.Since(start)
+	if r.code != exitUnavailable || strings.Contains(r.stdout, "ran") || strings.Contains(r.stderr, "fenced transaction of its holder") {
+		t.Errorf("run --no-wait behind a locked table: exit %d, stdout %q, stderr %q; want %d, and no frozen holder claimed", r.code, r.stdout, r.stderr, exitUnavailable)
+	}
+	if !strings.Contains(r.stderr, "did not answer") {
+		t.Errorf("stderr %q does not say the database did not answer", r.stderr)
+	}
+	if took > 40*time.Second { // two 5s bounds plus process start on a loaded machine
+		t.Errorf("run --no-wait took %v", took)
+	}
+}

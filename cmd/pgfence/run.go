@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -36,7 +37,9 @@ advisory lock (--lock), and release it when the command exits.
 By default run waits for the lease or lock; with --no-wait it exits 75 at
 once when someone else holds it, naming the holder on stderr, and after 5s
 when the lease's last grant has expired but a fenced transaction of its
-holder is still open (a frozen holder: the takeover waits for it).
+holder is still open (a frozen holder: the takeover waits for it). A grant
+that did not come within 5s while nobody holds the lease (it waited for a
+lock on pgfence.leases, or a server that stopped answering) exits 69.
 
 The command gets these environment variables:
   --lease:  PGFENCE_LEASE (the name) and PGFENCE_FENCE (this grant's fence:
@@ -423,8 +426,7 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 		l, err = lc.TryAcquire(tctx, o.lease, o.ttl)
 		cancel()
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, &exitError{code: exitHeld, err: fmt.Errorf("lease %q was not granted within %s: its last grant has expired, but a fenced transaction of its holder is still open ('pgfence check' names it; 'pgfence leases release --force --terminate %s' ends it): %w",
-				o.lease, leases.DefaultForceReleaseTimeout, shellArg(o.lease), err)}
+			return nil, notGranted(ctx, pool, o.lease, err)
 		}
 	} else {
 		l, err = lc.Acquire(ctx, o.lease, o.ttl)
@@ -448,6 +450,34 @@ func takeLease(ctx context.Context, pool *pgxpool.Pool, lc *leases.Client, o run
 		cause:   l.Err,
 		release: l.Release,
 	}, nil
+}
+
+// notGranted explains a --no-wait grant that did not come within
+// DefaultForceReleaseTimeout (err). Its likely cause is a frozen holder: the
+// last grant has expired, but the holder's open fenced transaction holds the
+// fence lock, which a takeover waits for — exit 75, as when the lease is
+// held. It is checked, with a read of the lease's row bounded as the wait
+// was: a grant also waits for a lock on pgfence.leases (a migration, an
+// operator's LOCK TABLE) or a server that stopped answering, and then
+// nobody holds the lease and exit 75 ("someone else is doing it") would
+// hide that the job no longer runs: exit 69, as the one-shot commands do.
+func notGranted(ctx context.Context, pool *pgxpool.Pool, lease string, err error) error {
+	pctx, cancel := context.WithTimeout(ctx, leases.DefaultForceReleaseTimeout)
+	defer cancel()
+	var expired bool
+	perr := pool.QueryRow(pctx, sqlLeaseExpired, lease).Scan(&expired)
+	switch {
+	case perr == nil && expired:
+		return &exitError{code: exitHeld, err: fmt.Errorf("lease %q was not granted within %s: its last grant has expired, but a fenced transaction of its holder is still open ('pgfence check' names it; 'pgfence leases release --force --terminate %s' ends it): %w",
+			lease, leases.DefaultForceReleaseTimeout, shellArg(lease), err)}
+	case perr == nil:
+		return &exitError{code: exitHeld, err: fmt.Errorf("lease %q was not granted within %s, and is held now: %w", lease, leases.DefaultForceReleaseTimeout, err)}
+	case errors.Is(perr, pgx.ErrNoRows) || errors.Is(perr, context.DeadlineExceeded):
+		return &exitError{code: exitUnavailable, err: fmt.Errorf("lease %q was not granted within %s, and nobody holds it: the database did not answer in time "+
+			"(the grant waited for a lock on pgfence.leases, a migration's say, which pg_locks names; or a server frozen or cut off once connected): %w",
+			lease, leases.DefaultForceReleaseTimeout, err)}
+	}
+	return fmt.Errorf("lease %q was not granted within %s (%w), and its row could not be read: %w", lease, leases.DefaultForceReleaseTimeout, err, perr)
 }
 
 // expiresIn renders how long until t by the database clock.

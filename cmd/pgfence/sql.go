@@ -8,6 +8,10 @@ const sqlSchemaPresent = `SELECT to_regclass('pgfence.leases') IS NOT NULL`
 // sqlNow is the database clock, against which lease expiry is judged.
 const sqlNow = `SELECT clock_timestamp()`
 
+// sqlLeaseExpired reads whether lease $1's last grant has expired (no
+// row: it was never granted).
+const sqlLeaseExpired = `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = $1`
+
 // Demo schema. The demo's side effect is one row per period in a table
 // protected by the fence guard.
 const (
