@@ -27,7 +27,9 @@ Exit codes:
   126  run: the command could not be executed
   127  run: the command was not found
   run otherwise exits with its command's status (128+N when the command
-  died of signal N; 1 when it exited 0 after the lease or lock was lost).`
+  died of signal N; 1 when it exited 0 after the lease or lock was lost),
+  or 128+N when run itself was interrupted by signal N before the command
+  started.`
 
 // execute runs the command line args and returns the process exit code.
 func execute(args []string) int {

@@ -79,7 +79,8 @@ a terminal).
 Exit status: the command's (128+N if it died of signal N), but 1 if it
 exited 0 after the lease or lock was lost; 75 when held with --no-wait;
 126/127 when the command cannot be executed or is not found; 1 or 69 when
-pgfence could not take the lease; 2 for bad usage.
+pgfence could not take the lease; 128+N when pgfence was interrupted by
+signal N before the command started (it did not run); 2 for bad usage.
 
 Flags go before the command; '--' before the command is optional.
 
