@@ -207,7 +207,8 @@ func TestDemoIsolationLevels(t *testing.T) {
 			pgtest.WaitFor(t, cliTimeout, "the frozen worker's write to wait on the trigger", func() bool {
 				var n int
 				err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks
-					WHERE locktype = 'advisory' AND NOT granted AND objid = $1`, holdKey).Scan(&n)
+					WHERE locktype = 'advisory' AND NOT granted AND objid = $1
+					  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, holdKey).Scan(&n)
 				return err == nil && n == 1
 			})
 			// The period's lease changes after the write's snapshot.

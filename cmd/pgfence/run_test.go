@@ -498,7 +498,8 @@ func TestRunSIGTERMDuringALateRenewal(t *testing.T) {
 	pgtest.WaitFor(t, cliTimeout, "a renewal to wait for the row lock", func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'pgfence run' AND wait_event_type = 'Lock'`).Scan(&n)
+			WHERE application_name = 'pgfence run' AND wait_event_type = 'Lock'
+			  AND datname = current_database()`).Scan(&n)
 		return err == nil && n > 0
 	})
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
