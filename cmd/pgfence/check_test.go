@@ -382,7 +382,8 @@ func TestCheckBlockedTakeover(t *testing.T) {
 	pgtest.WaitFor(t, 30*time.Second, "both takeovers to wait for the fence lock", func() bool {
 		var n int
 		err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1885824614 AND NOT granted
-   AND waitstart < clock_timestamp() - interval '50 ms'`).Scan(&n)
+   AND waitstart < clock_timestamp() - interval '50 ms'
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 		return err == nil && n == 2
 	})
 

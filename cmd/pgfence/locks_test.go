@@ -94,7 +94,8 @@ func TestLocksPreparedTransaction(t *testing.T) {
 	pgtest.WaitFor(t, 30*time.Second, "the waiter to queue behind the prepared transaction", func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-   AND waitstart < clock_timestamp() - interval '50 ms'`).Scan(&n)
+   AND waitstart < clock_timestamp() - interval '50 ms'
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 		return err == nil && n == 1
 	})
 

@@ -333,7 +333,8 @@ func TestRunInterruptedBeforeTheCommandStarts(t *testing.T) {
 	pgtest.WaitFor(t, cliTimeout, "run to wait for its period's record", func() bool {
 		var n int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'pgfence run' AND wait_event_type = 'Lock' AND query LIKE '%pgfence.once%'`).Scan(&n)
+			WHERE application_name = 'pgfence run' AND wait_event_type = 'Lock' AND query LIKE '%pgfence.once%'
+			  AND datname = current_database()`).Scan(&n)
 		return err == nil && n > 0
 	})
 	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
