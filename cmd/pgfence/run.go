@@ -26,6 +26,10 @@ import (
 // after its lease or lock is lost; with a lease, at most maxGrace(TTL).
 const defaultGrace = 10 * time.Second
 
+// maxRunTTL bounds --ttl: how long a run that died (the machine lost)
+// keeps others from the lease.
+const maxRunTTL = 24 * time.Hour
+
 // releaseTimeout bounds the release after the command exits, and what run
 // does after it (closing its connections); expiry (or the session's end,
 // for a lock) is the fallback.
@@ -118,7 +122,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	f.SetInterspersed(false) // everything from the command on is the command's
 	f.StringVar(&o.lease, "lease", "", "lease name to hold while the command runs")
 	f.StringVar(&o.lock, "lock", "", "advisory lock name to hold while the command runs")
-	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (at least %s); renewed at least every TTL/3", leases.MinTTL))
+	f.DurationVar(&o.ttl, "ttl", 0, fmt.Sprintf("lease TTL, required with --lease (%s to %s); renewed at least every TTL/3", leases.MinTTL, maxRunTTL))
 	f.DurationVar(&o.grace, "grace", defaultGrace, "time between SIGTERM and SIGKILL; with --lease at most TTL/2, and the default is cut to TTL/2 (see Timing)")
 	f.BoolVar(&o.noWait, "no-wait", false, "exit 75 at once if someone else holds the lease or lock")
 	addOnceFlags(f, &o.once)
@@ -152,6 +156,9 @@ func (o *runOptions) resolve(cmd *cobra.Command) error {
 		return usageErrorf("--lease needs --ttl (at least %s), e.g. --ttl 30s", leases.MinTTL)
 	case o.lease != "" && o.ttl < leases.MinTTL:
 		return usageErrorf("--ttl must be at least %s, got %s", leases.MinTTL, o.ttl)
+	case o.lease != "" && o.ttl > maxRunTTL:
+		return usageErrorf("--ttl must be at most %s, got %s: a run that dies keeps the lease for its TTL, "+
+			"and a long job needs no long TTL (the lease is renewed every TTL/3)", maxRunTTL, o.ttl)
 	case o.grace < 0:
 		return usageErrorf("--grace must not be negative, got %s", o.grace)
 	case o.lease != "" && o.grace > maxGrace(o.ttl):

@@ -28,6 +28,7 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown run flag", []string{"run", "--bogus", "--", "true"}, "unknown flag: --bogus"},
 		{"missing ttl", []string{"run", "--lease", "job", "--", "true"}, "--lease needs --ttl"},
 		{"ttl too short", []string{"run", "--lease", "job", "--ttl", "500ms", "--", "true"}, "--ttl must be at least 1s, got 500ms"},
+		{"ttl too long", []string{"run", "--lease", "job", "--ttl", "100000h", "--", "true"}, "--ttl must be at most 24h0m0s, got 100000h0m0s"},
 		{"bad ttl", []string{"run", "--lease", "job", "--ttl", "soon", "--", "true"}, `invalid argument "soon"`},
 		{"ttl with lock", []string{"run", "--lock", "job", "--ttl", "5s", "--", "true"}, "--ttl applies to --lease only"},
 		{"lease and lock", []string{"run", "--lease", "a", "--lock", "b", "--ttl", "5s", "--", "true"}, "not both"},
