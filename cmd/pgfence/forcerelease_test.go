@@ -81,6 +81,20 @@ func TestForceReleaseFrozenHolder(t *testing.T) {
 	}
 }
 
+// `leases release --force --terminate` whose grant expired while it waited
+// for the blocking backend (or whose holder let go once it was ended, as
+// pgfence run does): the lease is free, as asked. It reported "not held
+// ... nothing to release" and exited 1.
+func TestForceReleaseTerminateAfterExpiry(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	frozenFencedHolder(t, url, "expiring", 2_000_000) // 2s; the release waits 5s
+	r := db(t, url, "leases", "release", "--force", "--timeout", "5s", "--terminate", "expiring")
+	if r.code != exitOK || !strings.Contains(r.stdout, `lease "expiring" is free now`) {
+		t.Fatalf("release --force --terminate of a grant that expired meanwhile: exit %d, stdout %q, stderr %q; want 0, free", r.code, r.stdout, r.stderr)
+	}
+}
+
 // `leases release --force` behind a fenced write in a prepared transaction
 // (a two-phase commit coordinator gone between PREPARE and COMMIT
 // PREPARED): the error names the transaction by its GID and says how it

@@ -112,7 +112,14 @@ ROLLBACK PREPARED ends it.`,
 						return fmt.Errorf("%w; --terminate: %w", err, terr)
 					}
 					fmt.Fprintf(cmd.ErrOrStderr(), "pgfence: %v: terminated %d backend(s)\n", err, len(blocked.Blockers))
-					if err = againIfSame(ctx, lc, name, held, before); err != nil && !errors.Is(err, leases.ErrNotHeld) {
+					if err = againIfSame(ctx, lc, name, held, before); errors.Is(err, leases.ErrNotHeld) && held {
+						// The grant expired while the release waited, or
+						// its holder let go once its backends ended: the
+						// lease is free, as asked.
+						fmt.Fprintf(cmd.OutOrStdout(), "lease %q is free now: it was held by %s (fence %d), and expired or was let go while the release waited for the blocking backends\n",
+							name, orDash(display(before.Owner)), before.Fence)
+						return nil
+					} else if err != nil && !errors.Is(err, leases.ErrNotHeld) {
 						return err
 					}
 				}

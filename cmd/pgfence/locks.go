@@ -44,7 +44,8 @@ at least that long (pglock's liveness probe resets it about every second);
 --json adds backend_start, when the session began: the lock is no older. Locks taken with the two-int4 form are not listed.
 
 To break a lock, end its session: SELECT pg_terminate_backend(PID);
-a pglock holder notices within about a second (Lock.Done). A prepared
+a pglock holder notices (Lock.Done) within milliseconds over pgx, within
+its liveness interval and timeout over database/sql. A prepared
 transaction (two-phase commit) holds its transaction-level locks with no
 session (pid 0; --json's gid names it, SINCE is when it was prepared): only
 COMMIT PREPARED or ROLLBACK PREPARED with its GID releases them.`,

@@ -87,7 +87,9 @@ pgfence could not take the lease; 128+N when pgfence was interrupted by
 signal N before the command started (it did not run); 2 for bad usage.
 
 Flags go before the command; '--' before the command is optional.
+`
 
+const runExamples = `
 Examples:
   pgfence run --lease billing/nightly --ttl 1m --no-wait -- ./bill-customers
   pgfence run --lock reindex -- psql -c 'REINDEX TABLE orders'`
@@ -104,7 +106,7 @@ func newRunCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run (--lease NAME --ttl D [--once KEY] [--at-least D] | --lock NAME) [--no-wait] [--grace D] -- CMD [ARGS...]",
 		Short: "Run a command under a lease or an advisory lock",
-		Long:  runLong + "\n" + onceHelp,
+		Long:  runLong + "\n" + onceHelp + "\n" + runExamples,
 		Args: argsUsage(func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return errors.New("run needs a command to run after the flags (pgfence run --lease NAME --ttl 30s -- CMD ARGS...)")
