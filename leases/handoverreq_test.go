@@ -335,3 +335,45 @@ func TestHandoverRequestContextEnds(t *testing.T) {
 		t.Errorf("after the request: %+v, %v; want the holder still holding", info, err)
 	}
 }
+
+// Run and Once whose fn returns its context's error after an operator's
+// hand-over request name ErrHandover in what they return, beside fn's
+// context.Canceled: a caller could not tell a hand-over from its own
+// cancellation.
+func TestHandoverIsNamedInFnError(t *testing.T) {
+	t.Parallel()
+	cs, _ := clients(t, 2)
+	a, op := cs[0], cs[1]
+	ctx := testContext(t)
+	waitListening(t, a) // the holder hears the request at once
+	asked := make(chan error, 1)
+	stepDown := func(name string) func(context.Context, *Lease) error {
+		return func(context.Context, *Lease) error {
+			_, err := op.RequestHandover(ctx, name, time.Minute) // returns once the holder let go
+			asked <- err
+			return nil
+		}
+	}
+	err := a.Run(ctx, "named/run", time.Minute, func(fctx context.Context, l *Lease) error {
+		go func() { _ = stepDown("named/run")(fctx, l) }()
+		<-fctx.Done()
+		return fctx.Err()
+	})
+	if !errors.Is(err, ErrHandover) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after a hand-over request = %v, want ErrHandover and context.Canceled", err)
+	}
+	if err := <-asked; err != nil {
+		t.Errorf("RequestHandover of the Run: %v", err)
+	}
+	did, err := a.Once(ctx, "named/once", "p1", time.Minute, func(fctx context.Context, l *Lease) error {
+		go func() { _ = stepDown("named/once")(fctx, l) }()
+		<-fctx.Done()
+		return fctx.Err()
+	})
+	if did || !errors.Is(err, ErrHandover) || !errors.Is(err, context.Canceled) {
+		t.Errorf("Once after a hand-over request = %v, %v; want false, ErrHandover and context.Canceled", did, err)
+	}
+	if err := <-asked; err != nil {
+		t.Errorf("RequestHandover of the Once: %v", err)
+	}
+}

@@ -15,7 +15,8 @@ import (
 // returns Acquire's error, or fn's error; if the lease was lost while fn
 // ran, the returned error wraps ErrLost (also when fn returned nil). On a
 // hand-over request fn's context ends with cause ErrHandover and Run
-// releases once fn returns.
+// releases once fn returns; fn's error reporting its context's end
+// (context.Canceled) is returned wrapping ErrHandover too.
 // opts configure the grant (WithData). fn must stop its work when its
 // context ends: after that, another owner may hold the lease.
 func (c *Client) Run(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, l *Lease) error, opts ...AcquireOption) error {
@@ -44,6 +45,13 @@ func (c *Client) runHeldLost(ctx context.Context, l *Lease, fn func(ctx context.
 	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
 	defer func() {
 		stop()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.Canceled) && !errors.Is(err, ErrHandover) {
+			// fn reported its context ending: say why, when an operator
+			// asked for the lease (a loss is named by afterRun).
+			if cause := context.Cause(fctx); errors.Is(cause, ErrHandover) {
+				err = fmt.Errorf("%w (%w)", err, cause)
+			}
+		}
 		cancel(nil)
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.releaseTimeout)
 		defer rcancel()
