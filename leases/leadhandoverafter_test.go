@@ -60,3 +60,51 @@ func TestLeadReturnsFnResultDespiteLateHandover(t *testing.T) {
 		t.Fatal("Lead did not return")
 	}
 }
+
+// A loss that Lead learns of only when it releases, after fn returned as
+// leader (here: force-released while Release waits, and delivered as the
+// keepalive would), made Lead campaign again and run fn a second time for
+// work fn had finished. Lead returns fn's result now, wrapping ErrLost.
+func TestLeadReturnsFnResultDespiteLateLoss(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t)
+	ctx := testContext(t)
+	returned := make(chan *Lease, 1)
+	calls := 0
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Lead(ctx, "late-loss", 2*time.Second, func(ctx context.Context, l *Lease) error {
+			calls++
+			if calls > 1 {
+				return errors.New("fn ran again")
+			}
+			l.turn() <- struct{}{} // Release waits until the test lets it go
+			returned <- l
+			return nil
+		})
+	}()
+	var l *Lease
+	select {
+	case l = <-returned:
+	case <-ctx.Done():
+		t.Fatal("fn did not run")
+	}
+	if _, err := pool.Exec(ctx, `SELECT pgfence.force_release('late-loss', 5000)`); err != nil {
+		t.Fatal(err)
+	}
+	l.renewMu.Lock()
+	c.renewBatch(ctx, []renewal{{l, l.TTL()}}, lostRenewRejected)
+	l.renewMu.Unlock()
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Fatalf("the loss did not reach the lease (Err %v): the test tests nothing", l.Err())
+	}
+	<-l.turn()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrLost) || calls != 1 {
+			t.Errorf("Lead = %v, fn ran %d times; want ErrLost, fn run once", err, calls)
+		}
+	case <-ctx.Done():
+		t.Fatal("Lead did not return")
+	}
+}

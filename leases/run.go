@@ -84,7 +84,8 @@ func (c *Client) afterRun(l *Lease, fnErr, relErr error) error {
 // runs fn while leader with a context that ends when leadership ends, and
 // when leadership is lost campaigns again — until ctx ends, when it
 // releases the lease if leader and returns nil. If fn returns while still
-// leader (nil or an error), Lead releases and returns fn's result; if fn
+// leader (nil or an error), Lead releases and returns fn's result (wrapping
+// ErrLost if the release finds that the lease was lost meanwhile); if fn
 // panics, Lead releases and the panic goes on. Database errors while
 // campaigning are logged and retried with backoff; bad input (also a name
 // or data the database's encoding cannot hold: a data exception), a
@@ -136,9 +137,16 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		// returned: one that lands while Lead releases after fn returned
 		// finds the leader stepping down anyway, and must not turn fn's
 		// result into a hand-over (and fn into a new campaign).
-		var handedOver bool
+		// Likewise a loss counts if it was known when fn returned: one
+		// that Release finds afterwards came after fn had finished as
+		// leader, as far as it could tell; Lead returns fn's result then,
+		// wrapping ErrLost, rather than running fn again.
+		var handedOver, lostWhileRunning bool
 		lost, err := c.lead(ctx, l, func(ctx context.Context, l *Lease) error {
-			defer func() { handedOver = errors.Is(context.Cause(l.ctx), ErrHandover) }()
+			defer func() {
+				handedOver = errors.Is(context.Cause(l.ctx), ErrHandover)
+				lostWhileRunning = errors.Is(l.Err(), ErrLost)
+			}()
 			return fn(ctx, l)
 		})
 		switch {
@@ -152,7 +160,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			if stop, err := c.pause(ctx, ttl); stop {
 				return err
 			}
-		case lost:
+		case lost && lostWhileRunning:
 			c.log.Warn("leases: leadership lost; campaigning again", "name", name, "fence", l.fence, "err", err)
 		case c.isClosed():
 			return ErrClosed
