@@ -25,7 +25,7 @@ import (
 func TestNonUTF8ClientEncoding(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
-	latinURL := withOptions(base, "client_encoding=LATIN1")
+	latinURL := pgtest.WithSettings(base, "client_encoding=LATIN1")
 	for _, driver := range []string{"pgx", "database/sql"} {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -100,7 +100,7 @@ func TestNonUTF8ClientEncodingPeriodsReadsAndData(t *testing.T) {
 	base := pgtest.URL(t)
 	pool := pgtest.PoolFor(t, base)
 	utf := newClient(t, pool)
-	latinPool := pgtest.PoolFor(t, withOptions(base, "client_encoding=LATIN1"))
+	latinPool := pgtest.PoolFor(t, pgtest.WithSettings(base, "client_encoding=LATIN1"))
 	latin := newClient(t, latinPool)
 	const job, period = "enc/job", "2026-été"
 

@@ -31,7 +31,7 @@ func TestNonDefaultIsolation(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
 	for _, level := range []string{"repeatable read", "serializable"} {
-		u := withOptions(base, "default_transaction_isolation="+strings.ReplaceAll(level, " ", `\ `))
+		u := pgtest.WithSettings(base, "default_transaction_isolation="+strings.ReplaceAll(level, " ", `\ `))
 		for _, driver := range []string{"pgx", "database/sql"} {
 			t.Run(level+"/"+driver, func(t *testing.T) {
 				t.Parallel()

@@ -2,9 +2,7 @@ package leases
 
 import (
 	"context"
-	"net/url"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -105,15 +103,4 @@ func waitListening(t *testing.T, c *Client) {
 func pgtestPoolEmpty(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	return pgtest.PoolFor(t, pgtest.EmptyURL(t))
-}
-
-// withOptions adds "-c name=value" settings to databaseURL's options, as a
-// role's or database's defaults (ALTER ROLE ... SET) would set them.
-func withOptions(databaseURL string, settings ...string) string {
-	opts := "-c " + strings.Join(settings, " -c ")
-	sep := "?"
-	if strings.Contains(databaseURL, "?") {
-		sep = "&"
-	}
-	return databaseURL + sep + "options=" + strings.ReplaceAll(url.QueryEscape(opts), "+", "%20")
 }

@@ -2,7 +2,6 @@ package leases
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -30,12 +29,7 @@ func TestOnceTxRecordAfterOwnRenewal(t *testing.T) {
 		t.Run(level, func(t *testing.T) {
 			t.Parallel()
 			base := pgtest.URL(t)
-			options := "-c default_transaction_isolation=" + strings.ReplaceAll(level, " ", `\ `)
-			sep := "&"
-			if !strings.Contains(base, "?") {
-				sep = "?"
-			}
-			u := base + sep + "options=" + strings.ReplaceAll(url.QueryEscape(options), "+", "%20")
+			u := pgtest.WithSettings(base, "default_transaction_isolation="+strings.ReplaceAll(level, " ", `\ `))
 			tr := &renewBeforeRecord{}
 			pool := pgtest.PoolFor(t, u, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = tr })
 			ctx := testContext(t)

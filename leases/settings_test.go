@@ -38,7 +38,7 @@ func TestTakeoverWaitsPastTheRolesLockTimeout(t *testing.T) {
 				err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'job'`).Scan(&expired)
 				return err == nil && expired
 			})
-			takerPool := pgtest.PoolFor(t, withOptions(u, "lock_timeout=200ms"))
+			takerPool := pgtest.PoolFor(t, pgtest.WithSettings(u, "lock_timeout=200ms"))
 			var lt string
 			if err := takerPool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil || lt != "200ms" {
 				t.Fatalf("the taker's lock_timeout = %q, %v; want 200ms", lt, err)
@@ -91,7 +91,7 @@ func TestTakeoverWaitsPastTheRolesLockTimeout(t *testing.T) {
 func TestReadOnlyDefaultIsNamed(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	c := newClient(t, pgtest.PoolFor(t, withOptions(pgtest.URL(t), "default_transaction_read_only=on")))
+	c := newClient(t, pgtest.PoolFor(t, pgtest.WithSettings(pgtest.URL(t), "default_transaction_read_only=on")))
 	_, err := c.TryAcquire(ctx, "job", time.Minute)
 	if pgerr.Code(err) != pgerr.ReadOnlySQLTransaction {
 		t.Fatalf("TryAcquire in a read-only session: %v; want SQLSTATE 25006", err)

@@ -20,7 +20,7 @@ import (
 func TestGrantWhoseAnswerIsNotReadIsEnded(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
-	odd := pgtest.PoolFor(t, withOptions(base, "DateStyle=SQL,DMY"), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec })
+	odd := pgtest.PoolFor(t, pgtest.WithSettings(base, "DateStyle=SQL,DMY"), func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec })
 	c := newClient(t, odd)
 	admin := pgtest.PoolFor(t, base)
 	ctx := testContext(t)

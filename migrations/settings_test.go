@@ -3,8 +3,6 @@ package migrations_test
 import (
 	"context"
 	"hash/crc32"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,9 +19,8 @@ import (
 func TestUpDownUnderOddSessionSettings(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	options := "-c standard_conforming_strings=off -c DateStyle=SQL,DMY -c IntervalStyle=sql_standard" +
-		" -c TimeZone=Pacific/Chatham -c extra_float_digits=-15 -c bytea_output=escape"
-	u := withParam(pgtest.EmptyURL(t), "options="+strings.ReplaceAll(url.QueryEscape(options), "+", "%20"))
+	u := pgtest.WithSettings(pgtest.EmptyURL(t), "standard_conforming_strings=off", "DateStyle=SQL,DMY", "IntervalStyle=sql_standard",
+		"TimeZone=Pacific/Chatham", "extra_float_digits=-15", "bytea_output=escape")
 	if err := migrations.Up(ctx, u); err != nil {
 		t.Fatalf("Up: %v", err)
 	}

@@ -2,24 +2,12 @@ package pglock
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
-
-// withOptions adds "-c name=value" settings to databaseURL's options, as a
-// role's or database's defaults (ALTER ROLE ... SET) would set them.
-func withOptions(databaseURL string, settings ...string) string {
-	opts := "-c " + strings.Join(settings, " -c ")
-	sep := "?"
-	if strings.Contains(databaseURL, "?") {
-		sep = "&"
-	}
-	return databaseURL + sep + "options=" + strings.ReplaceAll(url.QueryEscape(opts), "+", "%20")
-}
 
 // TestRoleTimeoutsEndingAWaitAreNamed: a role or database may set
 // statement_timeout or lock_timeout. A blocking Lock carries a deadline of
@@ -53,7 +41,7 @@ func TestRoleTimeoutsEndingAWaitAreNamed(t *testing.T) {
 		for _, driver := range []string{"pgx", "database/sql"} {
 			t.Run(c.setting+"/"+driver, func(t *testing.T) {
 				t.Parallel()
-				pool := newPool(t, withOptions(base, c.setting), 2)
+				pool := newPool(t, pgtest.WithSettings(base, c.setting), 2)
 				l := newLocker(t, pool)
 				if driver == "database/sql" {
 					l = dbLocker(t, pool)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"net"
-	neturl "net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -165,7 +164,7 @@ func TestDemoIsolationLevels(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				url += "&options=" + strings.ReplaceAll(neturl.QueryEscape(`-c default_transaction_isolation=repeatable\ read`), "+", "%20")
+				url = pgtest.WithSettings(url, `default_transaction_isolation=repeatable\ read`)
 			}
 			check, err := pgx.Connect(ctx, url)
 			if err != nil {
