@@ -7,6 +7,35 @@ import (
 	"time"
 )
 
+// leadReleaseHeld runs c.Lead on name with an fn that returns at once,
+// having taken the lease's release turn: Lead's Release waits until the
+// test receives from l.turn(). It returns the lease fn ran under, the count
+// of fn's runs (read it after done) and Lead's result; a second run of fn
+// returns "fn ran again".
+func leadReleaseHeld(t *testing.T, ctx context.Context, c *Client, name string) (l *Lease, calls *int, done <-chan error) {
+	t.Helper()
+	returned := make(chan *Lease, 1)
+	runs := 0
+	result := make(chan error, 1)
+	go func() {
+		result <- c.Lead(ctx, name, 2*time.Second, func(ctx context.Context, l *Lease) error {
+			runs++
+			if runs > 1 {
+				return errors.New("fn ran again")
+			}
+			l.turn() <- struct{}{} // Release waits until the test lets it go
+			returned <- l
+			return nil
+		})
+	}()
+	select {
+	case l = <-returned:
+	case <-ctx.Done():
+		t.Fatal("fn did not run")
+	}
+	return l, &runs, result
+}
+
 // Lead returns fn's result when fn returns while still leader; a hand-over
 // request makes it step down and campaign again only if it ended fn's
 // context before fn returned. A request that lands after fn returned, while
@@ -19,26 +48,7 @@ func TestLeadReturnsFnResultDespiteLateHandover(t *testing.T) {
 	t.Parallel()
 	c, pool := setup(t)
 	ctx := testContext(t)
-	returned := make(chan *Lease, 1)
-	calls := 0
-	done := make(chan error, 1)
-	go func() {
-		done <- c.Lead(ctx, "leader", 2*time.Second, func(ctx context.Context, l *Lease) error {
-			calls++
-			if calls > 1 {
-				return errors.New("fn ran again")
-			}
-			l.turn() <- struct{}{} // Release waits until the test lets it go
-			returned <- l
-			return nil
-		})
-	}()
-	var l *Lease
-	select {
-	case l = <-returned:
-	case <-ctx.Done():
-		t.Fatal("fn did not run")
-	}
+	l, calls, done := leadReleaseHeld(t, ctx, c, "leader")
 	if _, err := pool.Exec(ctx, `SELECT * FROM pgfence.request_handover('leader')`); err != nil {
 		t.Fatal(err)
 	}
@@ -53,8 +63,8 @@ func TestLeadReturnsFnResultDespiteLateHandover(t *testing.T) {
 	<-l.turn()
 	select {
 	case err := <-done:
-		if err != nil || calls != 1 {
-			t.Errorf("Lead = %v, fn ran %d times; want fn's nil, fn run once", err, calls)
+		if err != nil || *calls != 1 {
+			t.Errorf("Lead = %v, fn ran %d times; want fn's nil, fn run once", err, *calls)
 		}
 	case <-ctx.Done():
 		t.Fatal("Lead did not return")
@@ -69,26 +79,7 @@ func TestLeadReturnsFnResultDespiteLateLoss(t *testing.T) {
 	t.Parallel()
 	c, pool := setup(t)
 	ctx := testContext(t)
-	returned := make(chan *Lease, 1)
-	calls := 0
-	done := make(chan error, 1)
-	go func() {
-		done <- c.Lead(ctx, "late-loss", 2*time.Second, func(ctx context.Context, l *Lease) error {
-			calls++
-			if calls > 1 {
-				return errors.New("fn ran again")
-			}
-			l.turn() <- struct{}{} // Release waits until the test lets it go
-			returned <- l
-			return nil
-		})
-	}()
-	var l *Lease
-	select {
-	case l = <-returned:
-	case <-ctx.Done():
-		t.Fatal("fn did not run")
-	}
+	l, calls, done := leadReleaseHeld(t, ctx, c, "late-loss")
 	if _, err := pool.Exec(ctx, `SELECT pgfence.force_release('late-loss', 5000)`); err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +92,8 @@ func TestLeadReturnsFnResultDespiteLateLoss(t *testing.T) {
 	<-l.turn()
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrLost) || calls != 1 {
-			t.Errorf("Lead = %v, fn ran %d times; want ErrLost, fn run once", err, calls)
+		if !errors.Is(err, ErrLost) || *calls != 1 {
+			t.Errorf("Lead = %v, fn ran %d times; want ErrLost, fn run once", err, *calls)
 		}
 	case <-ctx.Done():
 		t.Fatal("Lead did not return")
