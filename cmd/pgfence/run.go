@@ -239,11 +239,14 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 	// did not start), is when run stops waiting for its release and
 	// for closing its connections.
 	var shutdownBy time.Time
+	release := func() {
+		shutdownBy = time.Now().Add(releaseTimeout)
+		releaseHeld(h, shutdownBy)
+	}
 	abandon := func(err error) error {
 		ierr := stopWatch()
 		if h != nil {
-			shutdownBy = time.Now().Add(releaseTimeout)
-			releaseHeld(h, shutdownBy)
+			release()
 		}
 		if ierr != nil {
 			return ierr
@@ -313,13 +316,11 @@ func runUnder(cmd *cobra.Command, g *globals, o runOptions, args []string) error
 		}
 		rcancel()
 		if rerr != nil {
-			shutdownBy = time.Now().Add(releaseTimeout)
-			releaseHeld(h, shutdownBy)
+			release()
 			return fmt.Errorf("the command succeeded but period %q of %s could not be recorded as done (%s): %w", o.once.key, h.what, why, rerr)
 		}
 	}
-	shutdownBy = time.Now().Add(releaseTimeout)
-	releaseHeld(h, shutdownBy)
+	release()
 	if err != nil {
 		return err
 	}
