@@ -18,18 +18,7 @@ import (
 func TestOneShotCommandsDoNotHang(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	ctx := context.Background()
-	locker, err := pgtest.PoolFor(t, url).Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(locker.Release) // after the parallel subtests, as the ROLLBACK below
-	for _, q := range []string{`BEGIN`, `LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE`} {
-		if _, err := locker.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() { _, _ = locker.Exec(ctx, `ROLLBACK`) })
+	lockLeasesTable(t, url) // until the parallel subtests are done
 	for _, args := range [][]string{
 		{"check", "--max-hold", "1h"},
 		{"leases", "ls"},
@@ -49,4 +38,24 @@ func TestOneShotCommandsDoNotHang(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockLeasesTable takes an operator's ACCESS EXCLUSIVE lock on
+// pgfence.leases in url's database, held until t (and its subtests) end:
+// every statement on the table queues behind it, as behind a frozen or
+// cut-off server.
+func lockLeasesTable(t *testing.T, url string) {
+	t.Helper()
+	ctx := context.Background()
+	locker, err := pgtest.PoolFor(t, url).Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(locker.Release)
+	for _, q := range []string{`BEGIN`, `LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE`} {
+		if _, err := locker.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { _, _ = locker.Exec(ctx, `ROLLBACK`) })
 }

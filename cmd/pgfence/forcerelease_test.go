@@ -254,18 +254,7 @@ func awaitExpiry(t *testing.T, pool *pgxpool.Pool, name string) {
 func TestRunNoWaitBehindALockedTable(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	ctx := context.Background()
-	locker, err := pgtest.PoolFor(t, url).Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(locker.Release)
-	for _, q := range []string{`BEGIN`, `LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE`} {
-		if _, err := locker.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() { _, _ = locker.Exec(ctx, `ROLLBACK`) })
+	lockLeasesTable(t, url)
 	start := time.Now()
 	r := db(t, url, "run", "--lease", "nobody-holds-it", "--ttl", "5s", "--no-wait", "--", "echo", "ran")
 	took := time.Since(start)
