@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -333,6 +334,58 @@ func TestHandoverRequestContextEnds(t *testing.T) {
 	}
 	if info, err := op.Get(ctx, "cut-short"); err != nil || info.Fence != l.Fence() {
 		t.Errorf("after the request: %+v, %v; want the holder still holding", info, err)
+	}
+}
+
+// requestTracer is a pgx tracer that calls ended once RequestHandover's
+// statement has returned its row: the moment between the request and the
+// wait for the holder to step down.
+type requestTracer struct{ ended func() }
+
+type requestKey struct{}
+
+func (r requestTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == sqlRequestHandover {
+		return context.WithValue(ctx, requestKey{}, true)
+	}
+	return ctx
+}
+
+func (r requestTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(requestKey{}) != nil && d.Err == nil {
+		r.ended()
+	}
+}
+
+// The request is recorded and then, before the wait has begun, ctx ends
+// (or the timeout is shorter than the step from the request to the wait).
+// The error is still the wait's: cut short, naming the holder, or
+// ErrHandoverTimeout — never a bare "context canceled" that hides that the
+// holder was asked. CI once hit the first case under load.
+func TestHandoverRequestEndsBeforeTheWait(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	a := newClient(t, pgtest.PoolFor(t, url))
+	rctx, cancel := context.WithCancel(testContext(t))
+	defer cancel()
+	op := newClient(t, pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = requestTracer{ended: cancel}
+	}))
+	ctx := testContext(t)
+	l, err := a.TryAcquire(ctx, "asked", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = op.RequestHandover(rctx, "asked", time.Minute)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrHandoverTimeout) || !strings.Contains(err.Error(), l.Owner()) {
+		t.Errorf("ctx canceled right after the request: %v; want an error wrapping context canceled, naming %s", err, l.Owner())
+	}
+	_, err = op.RequestHandover(ctx, "asked", time.Nanosecond)
+	if !errors.Is(err, ErrHandoverTimeout) || !strings.Contains(err.Error(), l.Owner()) {
+		t.Errorf("timeout of 1ns: %v; want ErrHandoverTimeout naming %s", err, l.Owner())
+	}
+	if info, err := op.Get(ctx, "asked"); err != nil || info.Fence != l.Fence() {
+		t.Errorf("after the requests: %+v, %v; want the holder still holding", info, err)
 	}
 }
 
