@@ -204,3 +204,37 @@ func TestDeadlineBatch(t *testing.T) {
 		}
 	}
 }
+
+// A renewal whose answer is recorded after the local deadline has passed,
+// but before the deadline timer has marked the lease lost, does not move
+// the deadline on: past it, the safety margin is spent, and the grant may
+// expire in the database while the holder still works. The test holds c.mu
+// across the deadline (so the timer cannot act) and records a renewal
+// then, as a late answer would be; the lease keeps its deadline and ends
+// lost.
+func TestLateRenewalDoesNotRevive(t *testing.T) {
+	t.Parallel()
+	c, _ := setup(t)
+	freeze(c)
+	l, err := c.TryAcquire(testContext(t), "late", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	deadline := l.deadline
+	time.Sleep(time.Until(deadline) + 10*time.Millisecond) // past it by the clock, the timer blocked on c.mu
+	c.renewedLocked(l, time.Now(), time.Now().Add(time.Second))
+	after := l.deadline
+	c.mu.Unlock()
+	if !after.Equal(deadline) {
+		t.Errorf("a renewal recorded after the local deadline moved it from %v to %v", deadline, after)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(testTimeout):
+		t.Fatal("lease not lost")
+	}
+	if !errors.Is(l.Err(), ErrLost) {
+		t.Errorf("Err = %v, want ErrLost", l.Err())
+	}
+}
