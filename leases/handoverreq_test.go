@@ -309,17 +309,22 @@ func TestHandoverRequestContextEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// ctx ends 1 s in: long enough for the request, one round trip, to be
+	// recorded first even on a loaded CI machine (it must be, for the
+	// holder to be named; TestHandoverRequestEndsBeforeTheWait covers an
+	// end right after it), and far short of the 1m timeout.
+	const cut = time.Second
 	for _, tc := range []struct {
 		name string
 		want error
 		ctx  func() (context.Context, context.CancelFunc)
 	}{
 		{"deadline", context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(ctx, 300*time.Millisecond)
+			return context.WithTimeout(ctx, cut)
 		}},
 		{"cancel", context.Canceled, func() (context.Context, context.CancelFunc) {
 			rctx, cancel := context.WithCancel(ctx)
-			time.AfterFunc(300*time.Millisecond, cancel)
+			time.AfterFunc(cut, cancel)
 			return rctx, cancel
 		}},
 	} {
