@@ -71,9 +71,6 @@ func (c *Client) RequestHandover(ctx context.Context, name string, timeout time.
 	return asked, err
 }
 
-// closedInfo is a closed channel: the wait on it ends at once.
-var closedInfo = func() chan Info { ch := make(chan Info); close(ch); return ch }()
-
 func (c *Client) requestHandover(ctx context.Context, name string, timeout time.Duration) (Info, error) {
 	asked := Info{Name: name}
 	err := c.q.QueryRow(ctx, sqlRequestHandover, name).Scan(&asked.Owner, &asked.Fence)
@@ -90,20 +87,18 @@ func (c *Client) requestHandover(ctx context.Context, name string, timeout time.
 	// An Observe refused because ctx or the timeout already ended (or the
 	// client closed) is the wait's end like any other: the holder was asked
 	// and still holds the lease, which the errors below say.
-	ch, err := c.Observe(wctx, name)
-	if err != nil && wctx.Err() == nil && !c.isClosed() {
-		return asked, err
-	}
-	if err != nil {
-		ch = closedInfo
-	}
-	for info := range ch {
-		if info.Fence != asked.Fence {
-			cancel()
-			for range ch {
+	switch ch, err := c.Observe(wctx, name); {
+	case err == nil:
+		for info := range ch {
+			if info.Fence != asked.Fence {
+				cancel()
+				for range ch {
+				}
+				return asked, nil
 			}
-			return asked, nil
 		}
+	case wctx.Err() == nil && !c.isClosed():
+		return asked, err
 	}
 	switch {
 	case c.isClosed():

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -342,26 +341,6 @@ func TestHandoverRequestContextEnds(t *testing.T) {
 	}
 }
 
-// requestTracer is a pgx tracer that calls ended once RequestHandover's
-// statement has returned its row: the moment between the request and the
-// wait for the holder to step down.
-type requestTracer struct{ ended func() }
-
-type requestKey struct{}
-
-func (r requestTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if d.SQL == sqlRequestHandover {
-		return context.WithValue(ctx, requestKey{}, true)
-	}
-	return ctx
-}
-
-func (r requestTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if ctx.Value(requestKey{}) != nil && d.Err == nil {
-		r.ended()
-	}
-}
-
 // The request is recorded and then, before the wait has begun, ctx ends
 // (or the timeout is shorter than the step from the request to the wait).
 // The error is still the wait's: cut short, naming the holder, or
@@ -374,7 +353,12 @@ func TestHandoverRequestEndsBeforeTheWait(t *testing.T) {
 	rctx, cancel := context.WithCancel(testContext(t))
 	defer cancel()
 	op := newClient(t, pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = requestTracer{ended: cancel}
+		// ctx ends the moment the request has returned its row.
+		cfg.ConnConfig.Tracer = statementEnd{sqlRequestHandover, func(err error) {
+			if err == nil {
+				cancel()
+			}
+		}}
 	}))
 	ctx := testContext(t)
 	l, err := a.TryAcquire(ctx, "asked", time.Minute)

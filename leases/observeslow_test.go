@@ -12,22 +12,25 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// getReads is a pgx tracer that sends on reads once per read of a lease
-// (sqlGet) that returned.
-type getReads struct{ reads chan struct{} }
+// statementEnd is a pgx tracer that calls ended with the error of each
+// statement whose SQL is sql, once it has returned.
+type statementEnd struct {
+	sql   string
+	ended func(error)
+}
 
-type getReadKey struct{}
+type statementEndKey struct{}
 
-func (g getReads) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if d.SQL == sqlGet {
-		return context.WithValue(ctx, getReadKey{}, true)
+func (s statementEnd) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == s.sql {
+		return context.WithValue(ctx, statementEndKey{}, true)
 	}
 	return ctx
 }
 
-func (g getReads) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	if ctx.Value(getReadKey{}) != nil {
-		g.reads <- struct{}{}
+func (s statementEnd) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(statementEndKey{}) != nil {
+		s.ended(d.Err)
 	}
 }
 
@@ -40,7 +43,9 @@ func TestObserveSlowReaderSeesLatest(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	reads := make(chan struct{}, 100)
-	pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = getReads{reads} })
+	pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = statementEnd{sqlGet, func(error) { reads <- struct{}{} }}
+	})
 	// Polls no sooner than the holder's expiry (a minute): only the
 	// notifications of SetData wake the observer.
 	c := newClient(t, pool, WithPollInterval(time.Hour))
