@@ -4,6 +4,35 @@
 -- with a pinned search_path; applications never write pgfence.leases.
 BEGIN;
 
+-- The new column takes pgfence.leases exclusively. A fenced transaction that is
+-- open holds a lock on it until it ends, and every grant, renewal and fenced
+-- write would queue behind an ALTER that waits for that transaction: so,
+-- as in migration 9, each attempt queues for at most 100 ms, and attempts
+-- go on for 10 minutes.
+DO $$
+DECLARE
+    prev     text := pg_catalog.current_setting('lock_timeout');
+    deadline timestamptz := pg_catalog.clock_timestamp() + interval '10 minutes';
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+            LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF pg_catalog.clock_timestamp() > deadline THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'lock_not_available',
+                    MESSAGE = 'pgfence: transactions that read pgfence.leases stayed open for 10 minutes; nothing was changed',
+                    HINT    = 'end the long fenced transactions (pg_stat_activity), then run: migrate force 4 and migrate again';
+            END IF;
+            PERFORM pg_catalog.pg_sleep(0.5);
+        END;
+    END LOOP;
+    PERFORM pg_catalog.set_config('lock_timeout', prev, true);
+END
+$$;
+
 -- handover_fence is the fence of the grant an operator asked to step down
 -- (pgfence.request_handover). Keyed by fence, not a flag: a later grant of
 -- the name has another fence and so is never asked by an old request, and

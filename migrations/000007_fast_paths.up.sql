@@ -29,6 +29,35 @@
 --    is positive by construction (greatest of the clock and the floor).
 BEGIN;
 
+-- Dropping the constraints takes pgfence.leases exclusively. A fenced transaction that is
+-- open holds a lock on it until it ends, and every grant, renewal and fenced
+-- write would queue behind an ALTER that waits for that transaction: so,
+-- as in migration 9, each attempt queues for at most 100 ms, and attempts
+-- go on for 10 minutes.
+DO $$
+DECLARE
+    prev     text := pg_catalog.current_setting('lock_timeout');
+    deadline timestamptz := pg_catalog.clock_timestamp() + interval '10 minutes';
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+            LOCK TABLE pgfence.leases IN ACCESS EXCLUSIVE MODE;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF pg_catalog.clock_timestamp() > deadline THEN
+                RAISE EXCEPTION USING
+                    ERRCODE = 'lock_not_available',
+                    MESSAGE = 'pgfence: transactions that read pgfence.leases stayed open for 10 minutes; nothing was changed',
+                    HINT    = 'end the long fenced transactions (pg_stat_activity), then run: migrate force 6 and migrate again';
+            END IF;
+            PERFORM pg_catalog.pg_sleep(0.5);
+        END;
+    END LOOP;
+    PERFORM pg_catalog.set_config('lock_timeout', prev, true);
+END
+$$;
+
 ALTER TABLE pgfence.leases
     DROP CONSTRAINT leases_name_length,
     DROP CONSTRAINT leases_owner_length,

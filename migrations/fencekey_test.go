@@ -38,20 +38,32 @@ INSERT INTO `+migrations.Table+` VALUES (`+strconv.Itoa(v)+`, false)`); err != n
 	}
 }
 
-// TestFenceKeyUpgradeWaitsForFencedTransactions: migration 9 re-keys the
-// fence lock. A fenced transaction open when it runs holds the lock under
-// the old key, which a takeover after the upgrade would not wait for; so
-// the migration waits until every such transaction has ended, without
-// holding up other lease traffic meanwhile. Without its LOCK TABLE, Up
-// returns while the writer is still open.
-func TestFenceKeyUpgradeWaitsForFencedTransactions(t *testing.T) {
+// TestLeaseTableLockWaitsBesideTraffic: migrations 5 and 7 alter
+// pgfence.leases, and migration 9 re-keys the fence lock (a fenced
+// transaction open when it runs holds the lock under the old key, which a
+// takeover after the upgrade would not wait for): each takes
+// pgfence.leases exclusively, and so waits until every open fenced
+// transaction has ended. Lease traffic must not queue behind that wait,
+// or leases would run out under their holders. Without migration 9's LOCK
+// TABLE, Up returns while the writer is still open; without the bounded
+// queueing of 5 and 7, the grant below waits for the writer and its 3 s
+// run out.
+func TestLeaseTableLockWaitsBesideTraffic(t *testing.T) {
 	t.Parallel()
+	for _, from := range []int{4, 6, 8} { // the next migration is 5, 7, 9
+		t.Run(fmt.Sprintf("from %d", from), func(t *testing.T) {
+			t.Parallel()
+			upgradeBesideFencedWriter(t, from)
+		})
+	}
+}
+
+func upgradeBesideFencedWriter(t *testing.T, from int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	u := pgtest.EmptyURL(t)
 	admin := connect(t, u)
-	// Version 8, as the migrations before this one leave it.
-	upTo(t, ctx, admin, 8)
+	upTo(t, ctx, admin, from)
 	if _, err := admin.Exec(ctx, `
 CREATE TABLE accounts (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0);
 SELECT pgfence.protect('accounts');`); err != nil {
@@ -81,7 +93,7 @@ SELECT pgfence.protect('accounts');`); err != nil {
 	for waiting := false; !waiting; {
 		select {
 		case err := <-up:
-			t.Fatalf("Up returned (%v) while a fenced transaction of version 8 was open", err)
+			t.Fatalf("Up returned (%v) while a fenced transaction of version %d was open", err, from)
 		case <-time.After(20 * time.Millisecond): // polling pg_locks: nothing to wait on
 		}
 		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
@@ -98,11 +110,11 @@ SELECT pgfence.protect('accounts');`); err != nil {
 	defer acancel()
 	var granted bool
 	if err := other.QueryRow(actx, `SELECT granted FROM pgfence.try_acquire('other', 'me', 60000000)`).Scan(&granted); err != nil || !granted {
-		t.Fatalf("a grant while the migration waits: %v, %v", granted, err)
+		t.Fatalf("a grant while migration %d waits for a fenced transaction: %v, %v", from+1, granted, err)
 	}
 	select {
 	case err := <-up:
-		t.Fatalf("Up returned (%v) while a fenced transaction of version 8 was open", err)
+		t.Fatalf("Up returned (%v) while a fenced transaction of version %d was open", err, from)
 	default:
 	}
 	if err := tx.Commit(ctx); err != nil {
