@@ -19,9 +19,32 @@ import (
 // (a waiter, an observer), an observer, and the end of a lost lease's
 // grant.
 
-// clientGoroutines returns the stacks of the blocked goroutines running
-// code of package leases that no test function started.
-func clientGoroutines() []string {
+// goroutine is one goroutine of a stack dump.
+type goroutine struct {
+	id    string // "goroutine 123"
+	state string // "runnable", "select", "chan receive, 2 minutes", ...
+	stack string
+}
+
+// running: runnable or running, finishing or on its way to block.
+func (g goroutine) running() bool {
+	return strings.HasPrefix(g.state, "runnable") || strings.HasPrefix(g.state, "running")
+}
+
+// waits: blocked until something else happens, as no finishing goroutine
+// is (one that takes a mutex on its way out may be blocked on it).
+func (g goroutine) waits() bool {
+	for _, w := range []string{"chan ", "select", "IO wait", "sleep", "sync.Cond.Wait", "sync.WaitGroup.Wait"} {
+		if strings.HasPrefix(g.state, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// clientGoroutines returns the goroutines running code of package leases
+// that no test function started.
+func clientGoroutines() []goroutine {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -31,21 +54,17 @@ func clientGoroutines() []string {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	var found []string
+	var found []goroutine
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, "pgfence/pgfence/leases.") ||
+		if !strings.HasPrefix(g, "goroutine ") ||
+			!strings.Contains(g, "pgfence/pgfence/leases.") ||
 			strings.Contains(g, "testing.tRunner") || // a test's own goroutine (this one included)
-			strings.Contains(g, "created by github.com/pgfence/pgfence/leases.Test") ||
-			// Runnable or running: finishing. A goroutine that Close waits
-			// for by a WaitGroup still exists for the instructions after
-			// its Done, and context.AfterFunc's goroutine, which cancels a
-			// waiting call at Close, for cancel's last ones; neither can
-			// block again. One that outlives Close by waiting for
-			// something is blocked (select, IO wait, chan receive, ...).
-			strings.HasPrefix(g, "goroutine ") && (strings.Contains(firstLine(g), "[runnable") || strings.Contains(firstLine(g), "[running")) {
+			strings.Contains(g, "created by github.com/pgfence/pgfence/leases.Test") {
 			continue
 		}
-		found = append(found, g)
+		head, _, _ := strings.Cut(g, "\n")
+		id, state, _ := strings.Cut(head, " [")
+		found = append(found, goroutine{id: id, state: strings.TrimSuffix(state, "]:"), stack: g})
 	}
 	return found
 }
@@ -54,7 +73,10 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	// Not parallel: the stacks of other tests' Clients would be counted.
 	pool := pgtest.Pool(t)
 	ctx := testContext(t)
-	before := clientGoroutines()
+	before := map[string]bool{}
+	for _, g := range clientGoroutines() {
+		before[g.id] = true
+	}
 	if len(before) != 0 {
 		t.Logf("goroutines of earlier tests still running: %d", len(before))
 	}
@@ -117,10 +139,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if left := clientGoroutines(); len(left) > len(before) {
-		t.Errorf("%d goroutines of package leases still run after Close returned (%d before):\n\n%s",
-			len(left), len(before), strings.Join(left, "\n\n"))
-	}
+	checkNoneOutlives(t, before)
 	if err := <-waiting; !errors.Is(err, ErrClosed) {
 		t.Errorf("waiting Acquire: %v, want ErrClosed", err)
 	}
@@ -128,7 +147,56 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	}
 }
 
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
+// checkNoneOutlives fails t if a goroutine of package leases not in
+// before is blocked the moment it is called (one waiting for something
+// outlives Close), or was runnable then and waits for something later or
+// has not ended within 10s. Runnable or running is how a goroutine that
+// Close waited for looks for the instructions after its WaitGroup Done,
+// and context.AfterFunc's, which cancels a waiting call at Close, for
+// cancel's last ones: they end in microseconds (10s is for a loaded
+// machine). A goroutine Close did not wait for may be runnable too, on its
+// way to block.
+func checkNoneOutlives(t *testing.T, before map[string]bool) {
+	t.Helper()
+	finishing := map[string]string{}
+	var blocked []string
+	for _, g := range clientGoroutines() {
+		switch {
+		case before[g.id]:
+		case g.running():
+			finishing[g.id] = g.stack
+		default:
+			blocked = append(blocked, g.stack)
+		}
+	}
+	if len(blocked) > 0 {
+		t.Errorf("%d goroutines of package leases wait after Close returned:\n\n%s", len(blocked), strings.Join(blocked, "\n\n"))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(finishing) > 0 {
+		live := map[string]string{}
+		for _, g := range clientGoroutines() {
+			if _, ok := finishing[g.id]; !ok {
+				continue
+			}
+			if g.waits() {
+				t.Errorf("a goroutine of package leases, runnable when Close returned, waits since:\n\n%s", g.stack)
+				return
+			}
+			live[g.id] = g.stack
+		}
+		finishing = live
+		if len(finishing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var stacks []string
+			for _, s := range finishing {
+				stacks = append(stacks, s)
+			}
+			t.Errorf("%d goroutines of package leases, runnable when Close returned, still run 10s later:\n\n%s", len(stacks), strings.Join(stacks, "\n\n"))
+			return
+		}
+		time.Sleep(time.Millisecond) // polling the runtime's goroutines: nothing to wait on
+	}
 }
