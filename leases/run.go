@@ -142,7 +142,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 		// leader, as far as it could tell; Lead returns fn's result then,
 		// wrapping ErrLost, rather than running fn again.
 		var handedOver, lostWhileRunning bool
-		lost, err := c.lead(ctx, l, func(ctx context.Context, l *Lease) error {
+		err = c.lead(ctx, l, func(ctx context.Context, l *Lease) error {
 			defer func() {
 				handedOver = errors.Is(context.Cause(l.ctx), ErrHandover)
 				lostWhileRunning = errors.Is(l.Err(), ErrLost)
@@ -160,7 +160,7 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 			if stop, err := c.pause(ctx, ttl); stop {
 				return err
 			}
-		case lost && lostWhileRunning:
+		case lostWhileRunning:
 			c.log.Warn("leases: leadership lost; campaigning again", "name", name, "fence", l.fence, "err", err)
 		case c.isClosed():
 			return ErrClosed
@@ -171,11 +171,11 @@ func (c *Client) Lead(ctx context.Context, name string, ttl time.Duration, fn fu
 }
 
 // lead runs fn under l, counted as leading name while it runs (also if
-// fn panics), and says whether l was lost (runHeldLost).
-func (c *Client) lead(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) (lost bool, err error) {
+// fn panics).
+func (c *Client) lead(ctx context.Context, l *Lease, fn func(ctx context.Context, l *Lease) error) error {
 	c.setLeading(l.name, 1)
 	defer c.setLeading(l.name, -1)
-	return c.runHeldLost(ctx, l, fn)
+	return c.runHeld(ctx, l, fn)
 }
 
 // pause waits d between Lead's campaigns. stop says that Lead ends: with
