@@ -136,9 +136,9 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 			keys:     keys,
 			byServer: timeout != nil && errors.Is(ctx.Err(), context.DeadlineExceeded),
 			finished: finished,
-			cancelBackend: func(ctx context.Context) error {
-				_, err := l.q.Exec(ctx, sqlCancelWaiter, int32(backend), keys)
-				return err
+			cancelBackend: func(ctx context.Context) (cancelled bool, err error) {
+				err = l.q.QueryRow(ctx, sqlCancelWaiter, int32(backend), keys).Scan(&cancelled)
+				return cancelled, err
 			},
 			fail: cancelStmt,
 		})

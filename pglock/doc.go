@@ -108,11 +108,12 @@
 // the call returns only once the server has ended the wait: a deadline
 // travels with the statement as its lock_timeout (the server ends the wait
 // by itself); otherwise pglock sends a cancel request and waits for the
-// answer, and if the request is lost it cancels that backend from another
-// of the pool's connections (pg_cancel_backend, only while it waits for
-// this key). All of it is bounded by the unlock timeout; if nothing
-// answers by then, the connection is closed and the server ends the wait
-// when it next looks at the session.
+// answer, and if the request is lost (or came before the statement, which
+// the server ignores) it cancels that backend from another of the pool's
+// connections (pg_cancel_backend, only while it waits for this key; tried
+// again until it does). All of it is bounded by the unlock timeout; if
+// nothing answers by then, the connection is closed and the server ends
+// the wait when it next looks at the session.
 //
 // A statement_timeout that the role or database sets ends a wait whatever
 // ctx allows (the server starts its timer before the statement runs), and

@@ -151,12 +151,13 @@ SELECT pg_advisory_lock_shared($1) FROM timeout`
 const sqlHolders = `SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted`
 
 // sqlCancelWaiter cancels the statement of backend $1 if, and only if, it
-// is waiting for one of the advisory locks $2 in this database: the
-// fallback for an abandoned wait whose cancel request was lost. The key
-// condition keeps it from touching anything else, such as an unrelated
-// backend whose pid a pooler's client-side key happens to equal.
+// is waiting for one of the advisory locks $2 in this database, and says
+// whether it did: the fallback for an abandoned wait whose cancel request
+// was lost. The key condition keeps it from touching anything else, such
+// as an unrelated backend whose pid a pooler's client-side key happens to
+// equal.
 const sqlCancelWaiter = `
-SELECT pg_cancel_backend(pid) FROM (` + sqlLockRows + `) AS r
+SELECT coalesce(bool_or(pg_cancel_backend(pid)), false) FROM (` + sqlLockRows + `) AS r
  WHERE r.pid = $1 AND r.key = ANY ($2::int8[]) AND NOT r.granted`
 
 // sqlVerifySession reports the backend that answers and whether that

@@ -68,9 +68,9 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 			byServer:      byServer,
 			finished:      finished,
 			cancelRequest: cancelRequest,
-			cancelBackend: func(ctx context.Context) error {
-				_, err := l.pool.Exec(ctx, sqlCancelWaiter, int32(pg.PID()), keys)
-				return err
+			cancelBackend: func(ctx context.Context) (cancelled bool, err error) {
+				err = l.pool.QueryRow(ctx, sqlCancelWaiter, int32(pg.PID()), keys).Scan(&cancelled)
+				return cancelled, err
 			},
 			fail: func() { _ = pg.Conn().SetReadDeadline(aLongTimeAgo) },
 		})
@@ -149,10 +149,11 @@ type waiter struct {
 	finished <-chan struct{} // closed when the statement has returned
 
 	// cancelRequest sends a cancel request for the statement (nil: there
-	// is no way to); cancelBackend cancels it from another connection;
-	// fail makes the statement fail at once, client-side.
+	// is no way to); cancelBackend cancels it from another connection if
+	// it waits for one of keys, and says whether it did; fail makes the
+	// statement fail at once, client-side.
 	cancelRequest func(ctx context.Context) error
-	cancelBackend func(ctx context.Context) error
+	cancelBackend func(ctx context.Context) (cancelled bool, err error)
 	fail          func()
 }
 
@@ -185,19 +186,22 @@ func (l *Locker) abandon(w waiter) {
 			return
 		}
 	}
-	// The cancel request was lost (or refused): cancel the backend from
-	// another connection, retrying while the pool has none to spare.
-	for {
+	// The cancel request was lost (or refused), or came before the
+	// statement: a backend ignores one that arrives while it is idle,
+	// and the statement may still be on its way. Cancel the backend from
+	// another connection once it waits, retrying while the pool has no
+	// connection to spare or the backend does not wait yet.
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, answerWait) {
 		qctx, cancel := context.WithDeadline(context.Background(), deadline)
-		err := w.cancelBackend(qctx) // bounded by qctx over database/sql too (dbx.SQL)
+		cancelled, err := w.cancelBackend(qctx) // bounded by qctx over database/sql too (dbx.SQL)
 		cancel()
-		if err == nil {
+		if err == nil && cancelled {
 			if answered(time.Until(deadline)) {
 				return
 			}
 			break
 		}
-		if answered(min(20*time.Millisecond, time.Until(deadline))) {
+		if answered(min(pause, time.Until(deadline))) {
 			return
 		}
 		if !time.Now().Before(deadline) {
