@@ -1,11 +1,8 @@
 package pglock
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,50 +10,6 @@ import (
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
-
-// lateWrites delays, once armed, the next write to the server that holds
-// a given text: a statement held up on the network.
-type lateWrites struct {
-	mu      sync.Mutex
-	match   []byte
-	delay   time.Duration
-	sending chan struct{}
-}
-
-// arm delays the next write holding match by d; the channel is closed
-// when that write begins.
-func (w *lateWrites) arm(match string, d time.Duration) <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.match, w.delay, w.sending = []byte(match), d, make(chan struct{})
-	return w.sending
-}
-
-func (w *lateWrites) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := new(net.Dialer).DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &lateConn{Conn: c, w: w}, nil
-}
-
-type lateConn struct {
-	net.Conn
-	w *lateWrites
-}
-
-func (c *lateConn) Write(b []byte) (int, error) {
-	c.w.mu.Lock()
-	var d time.Duration
-	if c.w.match != nil && bytes.Contains(b, c.w.match) {
-		d = c.w.delay
-		close(c.w.sending)
-		c.w.match = nil
-	}
-	c.w.mu.Unlock()
-	time.Sleep(d) // the fault itself: the bytes are late on the wire
-	return c.Conn.Write(b)
-}
 
 // A wait abandoned while its statement is still on the way to the server
 // leaves no backend waiting either, and Lock returns soon after the
@@ -74,10 +27,10 @@ func TestAbandonedWaitStatementLate(t *testing.T) {
 			const late = time.Second
 			url := pgtest.URL(t)
 			observer := newPool(t, url, 2)
-			var wire lateWrites
+			var wire pgtest.LateWrites
 			pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
 				cfg.MaxConns = 4
-				cfg.ConnConfig.DialFunc = wire.dial
+				cfg.ConnConfig.DialFunc = wire.Dial
 			})
 			opt := WithUnlockTimeout(15 * time.Second)
 			l := newLocker(t, pool, opt)
@@ -91,7 +44,7 @@ func TestAbandonedWaitStatementLate(t *testing.T) {
 			}
 			defer holder.Unlock(ctx)
 
-			sending := wire.arm("pg_advisory_lock(", late)
+			sending := wire.Arm("pg_advisory_lock(", late)
 			wctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			seen := make(chan bool, 1)
