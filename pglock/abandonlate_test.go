@@ -44,19 +44,9 @@ func TestAbandonedWaitStatementLate(t *testing.T) {
 			}
 			defer holder.Unlock(ctx)
 
-			sending := wire.Arm("pg_advisory_lock(", late)
 			wctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			seen := make(chan bool, 1)
-			go func() {
-				select {
-				case <-sending:
-					seen <- true
-				case <-time.After(10 * time.Second):
-					seen <- false
-				}
-				cancel()
-			}()
+			seen := wire.CancelWhenSent("pg_advisory_lock(", late, cancel)
 			start := time.Now()
 			lk, err := l.Lock(wctx, "late")
 			took := time.Since(start)

@@ -28,6 +28,24 @@ func (w *LateWrites) Arm(match string, d time.Duration) <-chan struct{} {
 	return w.sending
 }
 
+// CancelWhenSent arms w (see Arm) and calls cancel once that write
+// begins, or after 10s if none does; the channel then says whether it
+// began.
+func (w *LateWrites) CancelWhenSent(match string, d time.Duration, cancel context.CancelFunc) <-chan bool {
+	sending := w.Arm(match, d)
+	seen := make(chan bool, 1)
+	go func() {
+		defer cancel()
+		select {
+		case <-sending:
+			seen <- true
+		case <-time.After(10 * time.Second):
+			seen <- false
+		}
+	}()
+	return seen
+}
+
 // Dial dials as net.Dialer does, with the connection's writes watched.
 func (w *LateWrites) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	c, err := new(net.Dialer).DialContext(ctx, network, addr)
