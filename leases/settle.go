@@ -148,9 +148,14 @@ func settled(answered bool, err error) error {
 // (lib/pq) or closes the connection, and the outcome is unknown.
 const otherDriverWait = 250 * time.Millisecond
 
+// cancelAgain is how long after a cancel request settle sends it again if
+// the statement has not answered (doubling, up to a second).
+const cancelAgain = 100 * time.Millisecond
+
 // settle runs stmt, a grant's statement, under ctx. If ctx ends before
-// stmt returns, it sends the cancel request and waits for stmt, up to the
-// release timeout (not at all if the request could not be sent) — or,
+// stmt returns, it sends the cancel request, again while stmt has not
+// returned, and waits for stmt, up to the release timeout (not at all if
+// the request could not be sent) — or,
 // with no cancel request to send (nil), waits otherDriverWait — then calls
 // fail, which should make stmt return at once, and waits for it at most
 // dbx.FailWait: a driver that does not end a statement when told to
@@ -188,10 +193,24 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 		// answer will come that the statement has not given yet.
 		wcancel()
 	}
-	select {
-	case <-finished:
-		return true, true, nil, stmtErr
-	case <-wctx.Done():
+	// A backend ignores a cancel request that arrives while it is idle,
+	// and the statement may still have been on its way: the request is
+	// sent again until the statement answers.
+	again := time.NewTimer(cancelAgain)
+	defer again.Stop()
+	for pause, waiting := cancelAgain, true; waiting; {
+		select {
+		case <-finished:
+			return true, true, nil, stmtErr
+		case <-again.C:
+			if cancelRequest != nil && cancelRequest(wctx) != nil {
+				wcancel()
+			}
+			pause = min(2*pause, time.Second)
+			again.Reset(pause)
+		case <-wctx.Done():
+			waiting = false
+		}
 	}
 	select {
 	case <-finished: // it answered just now

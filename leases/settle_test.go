@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
@@ -199,6 +199,24 @@ func TestCancelledGrantCommitted(t *testing.T) {
 	}
 }
 
+// expiredHolderWriting returns a database where lease "job" was granted
+// to a holder that froze with a fenced transaction open, on holder, and
+// expired since: a grant of "job" waits for that transaction. It also
+// returns an admin pool and the test's context.
+func expiredHolderWriting(t *testing.T) (url string, admin *pgxpool.Pool, ctx context.Context, holder *pgxpool.Conn) {
+	t.Helper()
+	url, admin, ctx = protectedWork(t)
+	frozen := freeze(newClient(t, admin))
+	old, err := frozen.TryAcquire(ctx, "job", MinTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder = namedConn(t, ctx, url, "holder")
+	openFencedWrite(t, ctx, holder, old)
+	pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool { return liveHolder(t, ctx, admin) == "" })
+	return url, admin, ctx, holder
+}
+
 // TestCancelledGrantWaiting (scenario: the caller of a grant gives up while
 // the grant waits for an expired holder's open fenced transaction). The
 // call returns ctx's error only once the statement is over on the server —
@@ -210,15 +228,7 @@ func TestCancelledGrantWaiting(t *testing.T) {
 		for _, driver := range []string{"pgx", "database/sql"} {
 			t.Run(tk.name+"/"+driver, func(t *testing.T) {
 				t.Parallel()
-				url, admin, ctx := protectedWork(t)
-				frozen := freeze(newClient(t, admin))
-				old, err := frozen.TryAcquire(ctx, "job", MinTTL)
-				if err != nil {
-					t.Fatal(err)
-				}
-				holder := namedConn(t, ctx, url, "holder")
-				openFencedWrite(t, ctx, holder, old)
-				pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool { return liveHolder(t, ctx, admin) == "" })
+				url, admin, ctx, holder := expiredHolderWriting(t)
 				c := clientOver(t, driver, url)
 
 				r := takeUntilCancelled(t, ctx, c, tk.take, "the grant to wait for the fence lock", func() bool {
@@ -243,6 +253,69 @@ func TestCancelledGrantWaiting(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestCancelledGrantStatementLate (scenario: as TestCancelledGrantWaiting,
+// but the caller gives up while the grant's statement is still on its way
+// to the server). The cancel request arrives first, while the backend is
+// idle, and the server ignores it; the statement then waits for the fence
+// lock. The call must still return ctx's error soon after the statement
+// arrives, with nothing in doubt. Before, it waited for the whole release
+// timeout (15s here) and returned the grant in doubt.
+func TestCancelledGrantStatementLate(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"pgx", "database/sql"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			url, admin, ctx, holder := expiredHolderWriting(t)
+
+			var wire pgtest.LateWrites
+			pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = wire.Dial })
+			opt := WithReleaseTimeout(15 * time.Second)
+			var c *Client
+			if driver == "pgx" {
+				c = newClient(t, pool, opt)
+			} else {
+				db := stdlib.OpenDB(*pool.Config().ConnConfig.Copy()) // the same dial
+				t.Cleanup(func() { _ = db.Close() })
+				var err error
+				if c, err = NewDB(db, opt); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+			}
+
+			const late = time.Second
+			gctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			seen := wire.CancelWhenSent("pgfence.try_acquire(", late, cancel)
+			start := time.Now()
+			l, err := c.TryAcquire(gctx, "job", time.Minute)
+			took := time.Since(start)
+			if !<-seen {
+				t.Fatal("the grant was never seen on the wire (is the connection encrypted?)")
+			}
+			if err == nil {
+				t.Fatalf("TryAcquire granted %v behind an open fenced transaction", l)
+			}
+			if !errors.Is(err, context.Canceled) || errors.Is(err, errInDoubt) {
+				t.Errorf("TryAcquire = %v; want context.Canceled, not in doubt", err)
+			}
+			// The statement arrives after late; cancelling it then takes
+			// a round trip or two. 4s more is for a loaded machine, and
+			// far from the 15s release timeout.
+			if took > late+4*time.Second {
+				t.Errorf("TryAcquire returned %v after its call, its statement %v late; want soon after the statement arrived", took.Round(time.Millisecond), late)
+			}
+			if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+				t.Fatal(err)
+			}
+			pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
+			if h := liveHolder(t, ctx, admin); h != "" {
+				t.Fatalf("after TryAcquire returned %q, the lease is held by %q, whom nobody knows", err, h)
+			}
+		})
 	}
 }
 
