@@ -308,6 +308,7 @@ func TestCancelledGrantStatementLate(t *testing.T) {
 			if took > late+4*time.Second {
 				t.Errorf("TryAcquire returned %v after its call, its statement %v late; want soon after the statement arrived", took.Round(time.Millisecond), late)
 			}
+			t.Logf("TryAcquire returned %v after its call, its statement %v late", took.Round(time.Millisecond), late)
 			if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
 				t.Fatal(err)
 			}

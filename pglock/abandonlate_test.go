@@ -66,6 +66,7 @@ func TestAbandonedWaitStatementLate(t *testing.T) {
 			if took > late+4*time.Second {
 				t.Errorf("Lock returned %v after its call, its statement %v late; want soon after the statement arrived", took.Round(time.Millisecond), late)
 			}
+			t.Logf("Lock returned %v after its call, its statement %v late", took.Round(time.Millisecond), late)
 			pgtest.WaitFor(t, time.Second, "no backend waiting for the lock", func() bool { return waiters(t, observer) == 0 })
 		})
 	}
