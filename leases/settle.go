@@ -155,12 +155,11 @@ const cancelAgain = 100 * time.Millisecond
 // settle runs stmt, a grant's statement, under ctx. If ctx ends before
 // stmt returns, it sends the cancel request, again while stmt has not
 // returned, and waits for stmt, up to the release timeout (not at all if
-// the request could not be sent) — or,
-// with no cancel request to send (nil), waits otherDriverWait — then calls
-// fail, which should make stmt return at once, and waits for it at most
-// dbx.FailWait: a driver that does not end a statement when told to
-// (lib/pq on a silent network sends a cancel request and keeps reading) is
-// not waited for.
+// the request could not be sent) — or, with no cancel request to send
+// (nil), waits otherDriverWait — then calls fail, which should make stmt
+// return at once, and waits for it at most dbx.FailWait: a driver that
+// does not end a statement when told to (lib/pq on a silent network sends
+// a cancel request and keeps reading) is not waited for.
 // cancelled says that ctx ended while stmt ran (the connection must then
 // not be reused); answered, that stmt returned before fail; running, when
 // not nil, that stmt still runs: it is closed when stmt returns, and the
