@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pgfence/internal/pgcluster"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/redact"
 	"github.com/pgfence/pgfence/migrations"
 )
@@ -268,7 +269,7 @@ func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 	defer admin.Close(context.Background())
 	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{tpl}.Sanitize() + opts
 	if _, err := admin.Exec(ctx, create); err != nil {
-		t.Fatalf("pgtest: %s: %v", create, err)
+		t.Fatalf("pgtest: %s: %v%s", create, err, createDBHint(err))
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -288,6 +289,15 @@ func newDatabase(t testing.TB, s *server, tpl, opts string) string {
 		t.Fatalf("pgtest: %v", err)
 	}
 	return u
+}
+
+// createDBHint says what a CREATE DATABASE refused for want of privilege
+// needs, or "".
+func createDBHint(err error) string {
+	if pgerr.Code(err) != "42501" {
+		return ""
+	}
+	return " (each test gets a database of its own: the role of " + EnvURL + " needs CREATEDB, ALTER ROLE ... CREATEDB)"
 }
 
 // template returns the name of the migrated template database on s,
@@ -327,7 +337,7 @@ func template(s *server) (string, error) {
 			return "", fmt.Errorf("drop stale template: %w", err)
 		}
 		if _, err := admin.Exec(ctx, "CREATE DATABASE "+id+" TEMPLATE template0"); err != nil {
-			return "", fmt.Errorf("create template: %w", err)
+			return "", fmt.Errorf("create template: %w%s", err, createDBHint(err))
 		}
 		u, err := withDatabase(s.adminURL, name)
 		if err != nil {

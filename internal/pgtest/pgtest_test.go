@@ -2,8 +2,11 @@ package pgtest_test
 
 import (
 	"context"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,21 +136,69 @@ func TestLocalBinariesFallback(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestURLIsMigratedAndIsolated$", "-test.v")
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, pgtest.EnvURL+"=") && !strings.HasPrefix(kv, pgtest.EnvProvisioner+"=") {
-			env = append(env, kv)
-		}
-	}
 	// Forced: with a Docker engine and a usable image, the child would
 	// otherwise take a container.
-	cmd.Env = append(env, "PGFENCE_TEST_CHILD=1", pgtest.EnvProvisioner+"=local")
-	out, err := cmd.CombinedOutput()
+	out, err := childTest(ctx, pgtest.EnvProvisioner+"=local").CombinedOutput()
 	if err != nil {
 		t.Fatalf("child without %s failed: %v\n%s", pgtest.EnvURL, err, out)
 	}
 	if !strings.Contains(string(out), "server: local binaries") {
 		t.Fatalf("child did not use the local binaries:\n%s", out)
 	}
+}
+
+// TestRoleWithoutCreateDB runs one test in a child process whose
+// PGFENCE_TEST_DATABASE_URL names a role that may not create databases:
+// the child must fail saying what the role needs, not only "permission
+// denied".
+func TestRoleWithoutCreateDB(t *testing.T) {
+	if os.Getenv("PGFENCE_TEST_CHILD") != "" {
+		t.Skip("already the child") // keeps the child from recursing; the parent's run counts
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	u := pgtest.URL(t)
+	admin, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	role := "pgfence_nocreatedb_" + strconv.Itoa(os.Getpid())
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN NOCREATEDB PASSWORD 'nocreatedb'"); err != nil {
+		t.Fatalf("create a role without CREATEDB (the test's role needs CREATEROLE): %v", err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	childURL := (&url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword(role, "nocreatedb"),
+		Host:     net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))),
+		Path:     "/" + cfg.Database,
+		RawQuery: "sslmode=disable",
+	}).String()
+
+	out, err := childTest(ctx, pgtest.EnvURL+"="+childURL).CombinedOutput()
+	if err == nil {
+		t.Fatalf("child with a role without CREATEDB passed:\n%s", out)
+	}
+	if !strings.Contains(string(out), "needs CREATEDB") {
+		t.Fatalf("child failed without saying that the role needs CREATEDB:\n%s", out)
+	}
+}
+
+// childTest runs TestURLIsMigratedAndIsolated in a child process, with
+// this one's environment but the server chosen by env alone.
+func childTest(ctx context.Context, env ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestURLIsMigratedAndIsolated$", "-test.v")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, pgtest.EnvURL+"=") && !strings.HasPrefix(kv, pgtest.EnvProvisioner+"=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(append(cmd.Env, "PGFENCE_TEST_CHILD=1"), env...)
+	return cmd
 }
