@@ -202,9 +202,11 @@
 //     closing the connection would lose the answer, not the grant — a
 //     commit waiting for a synchronous standby still commits — and leave
 //     the lease held for its TTL by an owner nobody knows. The client
-//     sends a cancel request instead and waits for the answer (up to
-//     WithReleaseTimeout): the call returns the lease if the grant
-//     committed first, else ctx's error with nothing held. With no answer
+//     sends a cancel request instead, again until the statement answers
+//     (one that arrives before the statement is ignored), and waits for
+//     the answer (up to WithReleaseTimeout): the call returns the lease
+//     if the grant committed first, else ctx's error with nothing held.
+//     With no answer
 //     (the server unreachable; at once if the cancel request could not be
 //     sent) the error says the grant is in doubt, and a grant that
 //     committed expires after its TTL.
