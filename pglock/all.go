@@ -151,7 +151,7 @@ func XactLockAll(ctx context.Context, tx pgx.Tx, names ...string) error {
 	if err != nil {
 		return err
 	}
-	tag, err := tx.Exec(ctx, sqlXactLockAll, s.keys)
+	tag, err := xactLock(ctx, tx, sqlXactLockAll, sqlXactLockAllUntil, s.keys)
 	if err != nil {
 		return s.opErr(op, err)
 	}

@@ -82,7 +82,28 @@ SELECT pg_backend_pid(), n,
 SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k
  WHERE NOT pg_is_in_recovery()
 HAVING count(*) > 0`
+
+	// sqlXactLockUntil and sqlXactLockAllUntil are sqlXactLock and
+	// sqlXactLockAll whose waits the server ends by itself after the
+	// lock_timeout $2 ("1234ms"): ctx's deadline, kept when the client's
+	// cancel request is lost. The caller's transaction keeps its own
+	// setting: it is set back in the same statement once the locks are
+	// taken (l comes before the outer row), and a statement that fails
+	// leaves the transaction, or the savepoint, to be rolled back, which
+	// undoes the change. No row on a standby.
+	sqlXactLockUntil = xactTimeout + `,
+     l AS (SELECT pg_advisory_xact_lock($1) FROM t)
+SELECT set_config('lock_timeout', t.prev, true) FROM t, l`
+	sqlXactLockAllUntil = xactTimeout + `,
+     l AS (SELECT count(pg_advisory_xact_lock(k)) FROM t, unnest($1::int8[]) AS k)
+SELECT set_config('lock_timeout', t.prev, true) FROM t, l`
 )
+
+// xactTimeout sets the lock_timeout $2 for the rest of the transaction,
+// and keeps the setting it replaces as prev (see sqlXactLockUntil).
+const xactTimeout = `
+WITH t AS (SELECT current_setting('lock_timeout') AS prev, set_config('lock_timeout', $2, true)
+            WHERE NOT pg_is_in_recovery())`
 
 // sqlLockRows are the advisory locks of the current database, one row per
 // session holding or awaiting one, with that session from

@@ -3,7 +3,13 @@ package pglock
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -112,5 +118,98 @@ func TestXactLockHonoursContext(t *testing.T) {
 	defer cancel()
 	if err := XactLock(wctx, tx, "held"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("XactLock with an expiring context = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// An XactLock whose context's deadline passes while it waits, and whose
+// cancel request is lost (the proxy refuses new connections; pgx sends
+// the request on one when the deadline closes the connection), leaves no
+// backend waiting: the deadline travels as the statement's lock_timeout.
+// Before, the backend stayed queued behind the holder until the holder let
+// go. Also for XactLockAll.
+func TestXactLockDeadlineWithCancelLost(t *testing.T) {
+	t.Parallel()
+	for _, call := range []struct {
+		name string
+		lock func(context.Context, pgx.Tx) error
+	}{
+		{"XactLock", func(ctx context.Context, tx pgx.Tx) error { return XactLock(ctx, tx, "held") }},
+		{"XactLockAll", func(ctx context.Context, tx pgx.Tx) error { return XactLockAll(ctx, tx, "free", "held") }},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			t.Parallel()
+			url := pgtest.URL(t)
+			observer := newPool(t, url, 2)
+			l := newLocker(t, observer)
+			ctx := testContext(t)
+			lk, err := l.Lock(ctx, "held")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lk.Unlock(ctx)
+
+			ocfg := observer.Config().ConnConfig
+			px := startProxy(t, net.JoinHostPort(ocfg.Host, strconv.Itoa(int(ocfg.Port))))
+			pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", px.Port(), nil
+			})
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(context.Background()) }()
+			px.RefuseNew()
+
+			wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer cancel()
+			if err := call.lock(wctx, tx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s past its deadline = %v, want context.DeadlineExceeded", call.name, err)
+			}
+			pgtest.WaitFor(t, 2*time.Second, "no backend waiting for the lock", func() bool { return waiters(t, observer) == 0 })
+		})
+	}
+}
+
+// An XactLock with a deadline leaves the transaction's lock_timeout as it
+// was: the deadline is the statement's own.
+func TestXactLockKeepsLockTimeout(t *testing.T) {
+	t.Parallel()
+	pool, _ := setup(t)
+	ctx := testContext(t)
+	for _, call := range []struct {
+		name string
+		lock func(context.Context, pgx.Tx) error
+	}{
+		{"XactLock", func(ctx context.Context, tx pgx.Tx) error { return XactLock(ctx, tx, "a") }},
+		{"XactLockAll", func(ctx context.Context, tx pgx.Tx) error { return XactLockAll(ctx, tx, "a", "b") }},
+	} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '7s'`); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = call.lock(wctx, tx)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", call.name, err)
+		}
+		var got string
+		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != "7s" {
+			t.Errorf("after %s with a deadline, lock_timeout = %q, want the transaction's 7s", call.name, got)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
