@@ -262,19 +262,27 @@ func TestCancelledGrantWaiting(t *testing.T) {
 // idle, and the server ignores it; the statement then waits for the fence
 // lock. The call must still return ctx's error soon after the statement
 // arrives, with nothing in doubt. Before, it waited for the whole release
-// timeout (15s here) and returned the grant in doubt.
+// timeout (15s here) and returned the grant in doubt, over pgx and
+// database/sql; through PgBouncer (transaction pooling) it returned
+// promptly already, and the subtest keeps it so.
 func TestCancelledGrantStatementLate(t *testing.T) {
 	t.Parallel()
-	for _, driver := range []string{"pgx", "database/sql"} {
+	for _, driver := range []string{"pgx", "pgbouncer", "database/sql"} {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
 			url, admin, ctx, holder := expiredHolderWriting(t)
 
 			var wire pgtest.LateWrites
-			pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = wire.Dial })
+			clientURL := url
+			if driver == "pgbouncer" {
+				// Exec mode sends the statement's text every time.
+				b := pgtest.StartPgBouncer(t, url, pgtest.TransactionPooling)
+				clientURL = b.URL("postgres") + "&default_query_exec_mode=exec"
+			}
+			pool := pgtest.PoolFor(t, clientURL, func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = wire.Dial })
 			opt := WithReleaseTimeout(15 * time.Second)
 			var c *Client
-			if driver == "pgx" {
+			if driver != "database/sql" {
 				c = newClient(t, pool, opt)
 			} else {
 				db := stdlib.OpenDB(*pool.Config().ConnConfig.Copy()) // the same dial
