@@ -113,7 +113,10 @@
 // connections (pg_cancel_backend, only while it waits for this key; tried
 // again until it does). All of it is bounded by the unlock timeout; if
 // nothing answers by then, the connection is closed and the server ends
-// the wait when it next looks at the session.
+// the wait when it next looks at the session. XactLock and XactLockAll run
+// on the caller's transaction, with no connection to spare: a deadline
+// travels with them the same way, and without one the wait ends as the
+// driver ends it (pgx sends a cancel request, and closes the connection).
 //
 // A statement_timeout that the role or database sets ends a wait whatever
 // ctx allows (the server starts its timer before the statement runs), and
