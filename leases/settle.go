@@ -197,7 +197,7 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 	// sent again until the statement answers.
 	again := time.NewTimer(cancelAgain)
 	defer again.Stop()
-	for pause, waiting := cancelAgain, true; waiting; {
+	for pause := cancelAgain; wctx.Err() == nil; {
 		select {
 		case <-finished:
 			return true, true, nil, stmtErr
@@ -208,7 +208,6 @@ func (c *Client) settle(ctx context.Context, cancelRequest func(context.Context)
 			pause = min(2*pause, time.Second)
 			again.Reset(pause)
 		case <-wctx.Done():
-			waiting = false
 		}
 	}
 	select {
