@@ -3,7 +3,6 @@ package leases
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"io"
 	"log/slog"
@@ -43,22 +42,29 @@ var semaphoreTake = take{"Semaphore.Acquire", func(ctx context.Context, c *Clien
 }}
 
 // clientOver returns a client over url through driver ("pgx": a pgx
-// pool; "pgbouncer": a pgx pool through PgBouncer in transaction pooling;
-// "database/sql": pgx's stdlib driver), closed when t ends.
-func clientOver(t *testing.T, driver, url string) *Client {
+// pool; "pgbouncer": a pgx pool through PgBouncer in transaction pooling,
+// in exec mode, which sends each statement's text; "database/sql": pgx's
+// stdlib driver), with opts, closed when t ends. conn, if not nil, adjusts
+// the connections' configuration.
+func clientOver(t *testing.T, driver, url string, conn func(*pgxpool.Config), opts ...Option) *Client {
 	t.Helper()
+	if conn == nil {
+		conn = func(*pgxpool.Config) {}
+	}
 	switch driver {
 	case "pgx":
-		return newClient(t, pgtest.PoolFor(t, url))
+		return newClient(t, pgtest.PoolFor(t, url, conn), opts...)
 	case "pgbouncer":
 		b := pgtest.StartPgBouncer(t, url, pgtest.TransactionPooling)
-		return newClient(t, pgtest.PoolFor(t, b.URL("postgres")+"&default_query_exec_mode=exec"))
+		return newClient(t, pgtest.PoolFor(t, b.URL("postgres")+"&default_query_exec_mode=exec", conn), opts...)
 	}
-	db, err := sql.Open("pgx", url)
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := NewDB(db)
+	conn(cfg)
+	db := stdlib.OpenDB(*cfg.ConnConfig)
+	c, err := NewDB(db, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +176,7 @@ func TestCancelledGrantCommitted(t *testing.T) {
 			t.Run(tk.name+"/"+driver, func(t *testing.T) {
 				t.Parallel()
 				url, admin, ctx := standbyDown(t)
-				c := clientOver(t, driver, url)
+				c := clientOver(t, driver, url, nil)
 
 				r := takeUntilCancelled(t, ctx, c, tk.take, "the grant's commit to wait for the standby", func() bool {
 					return grantRunning(t, ctx, admin, "SyncRep") > 0
@@ -229,7 +235,7 @@ func TestCancelledGrantWaiting(t *testing.T) {
 			t.Run(tk.name+"/"+driver, func(t *testing.T) {
 				t.Parallel()
 				url, admin, ctx, holder := expiredHolderWriting(t)
-				c := clientOver(t, driver, url)
+				c := clientOver(t, driver, url, nil)
 
 				r := takeUntilCancelled(t, ctx, c, tk.take, "the grant to wait for the fence lock", func() bool {
 					return grantRunning(t, ctx, admin, "advisory") > 0
@@ -273,26 +279,8 @@ func TestCancelledGrantStatementLate(t *testing.T) {
 			url, admin, ctx, holder := expiredHolderWriting(t)
 
 			var wire pgtest.LateWrites
-			clientURL := url
-			if driver == "pgbouncer" {
-				// Exec mode sends the statement's text every time.
-				b := pgtest.StartPgBouncer(t, url, pgtest.TransactionPooling)
-				clientURL = b.URL("postgres") + "&default_query_exec_mode=exec"
-			}
-			pool := pgtest.PoolFor(t, clientURL, func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = wire.Dial })
-			opt := WithReleaseTimeout(15 * time.Second)
-			var c *Client
-			if driver != "database/sql" {
-				c = newClient(t, pool, opt)
-			} else {
-				db := stdlib.OpenDB(*pool.Config().ConnConfig.Copy()) // the same dial
-				t.Cleanup(func() { _ = db.Close() })
-				var err error
-				if c, err = NewDB(db, opt); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = c.Close() })
-			}
+			c := clientOver(t, driver, url, func(cfg *pgxpool.Config) { cfg.ConnConfig.DialFunc = wire.Dial },
+				WithReleaseTimeout(15*time.Second))
 
 			const late = time.Second
 			gctx, cancel := context.WithCancel(ctx)
