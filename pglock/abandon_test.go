@@ -3,8 +3,6 @@ package pglock
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -66,12 +64,8 @@ func TestAbandonedWaitLeavesNoWaiter(t *testing.T) {
 			// connections once they wait: the cancel requests pgx sends
 			// on a new connection are lost, as on a flaky network or
 			// when the process exits first.
-			ocfg := observer.Config().ConnConfig
-			px := startProxy(t, net.JoinHostPort(ocfg.Host, strconv.Itoa(int(ocfg.Port))))
-			l := newLocker(t, pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
-				cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", px.Port(), nil
-				cfg.MaxConns = calls + 3
-			}))
+			px := proxyTo(t, observer)
+			l := newLocker(t, pgtest.PoolFor(t, url, px.route, func(cfg *pgxpool.Config) { cfg.MaxConns = calls + 3 }))
 			ctx := testContext(t)
 			holder, err := l.Lock(ctx, "abandoned")
 			if err != nil {

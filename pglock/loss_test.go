@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
@@ -220,12 +218,8 @@ func TestSilentNetworkClosesDone(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
 	direct := newPool(t, url, 4)
-	dcfg := direct.Config().ConnConfig
-	px := startProxy(t, net.JoinHostPort(dcfg.Host, strconv.Itoa(int(dcfg.Port))))
-	viaProxy := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", px.Port(), nil
-		cfg.MaxConns = 2
-	})
+	px := proxyTo(t, direct)
+	viaProxy := pgtest.PoolFor(t, url, px.route, func(cfg *pgxpool.Config) { cfg.MaxConns = 2 })
 
 	const interval, timeout = 200 * time.Millisecond, 300 * time.Millisecond
 	l := newLocker(t, viaProxy, WithLivenessCheck(interval, timeout))

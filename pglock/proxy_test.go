@@ -2,9 +2,12 @@ package pglock
 
 import (
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // proxy forwards TCP connections to a target, and can be switched to a
@@ -35,6 +38,18 @@ func startProxy(t testing.TB, target string) *proxy {
 	p.wg.Go(p.accept)
 	t.Cleanup(p.Close)
 	return p
+}
+
+// proxyTo starts a proxy (startProxy) to the server pool connects to.
+func proxyTo(t testing.TB, pool *pgxpool.Pool) *proxy {
+	t.Helper()
+	cfg := pool.Config().ConnConfig
+	return startProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+}
+
+// route makes the connections of cfg go through p.
+func (p *proxy) route(cfg *pgxpool.Config) {
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", p.Port(), nil
 }
 
 // Port returns the port the proxy listens on.

@@ -3,13 +3,10 @@ package pglock
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -121,6 +118,18 @@ func TestXactLockHonoursContext(t *testing.T) {
 	}
 }
 
+// xactLocks are the blocking transaction-lock calls, given names:
+// XactLockAll takes them all, XactLock the last.
+var xactLocks = []struct {
+	name string
+	lock func(ctx context.Context, tx pgx.Tx, names ...string) error
+}{
+	{"XactLock", func(ctx context.Context, tx pgx.Tx, names ...string) error {
+		return XactLock(ctx, tx, names[len(names)-1])
+	}},
+	{"XactLockAll", XactLockAll},
+}
+
 // An XactLock whose context's deadline passes while it waits, and whose
 // cancel request is lost (the proxy refuses new connections; pgx sends
 // the request on one when the deadline closes the connection), leaves no
@@ -129,13 +138,7 @@ func TestXactLockHonoursContext(t *testing.T) {
 // go. Also for XactLockAll.
 func TestXactLockDeadlineWithCancelLost(t *testing.T) {
 	t.Parallel()
-	for _, call := range []struct {
-		name string
-		lock func(context.Context, pgx.Tx) error
-	}{
-		{"XactLock", func(ctx context.Context, tx pgx.Tx) error { return XactLock(ctx, tx, "held") }},
-		{"XactLockAll", func(ctx context.Context, tx pgx.Tx) error { return XactLockAll(ctx, tx, "free", "held") }},
-	} {
+	for _, call := range xactLocks {
 		t.Run(call.name, func(t *testing.T) {
 			t.Parallel()
 			url := pgtest.URL(t)
@@ -148,11 +151,8 @@ func TestXactLockDeadlineWithCancelLost(t *testing.T) {
 			}
 			defer lk.Unlock(ctx)
 
-			ocfg := observer.Config().ConnConfig
-			px := startProxy(t, net.JoinHostPort(ocfg.Host, strconv.Itoa(int(ocfg.Port))))
-			pool := pgtest.PoolFor(t, url, func(cfg *pgxpool.Config) {
-				cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = "127.0.0.1", px.Port(), nil
-			})
+			px := proxyTo(t, observer)
+			pool := pgtest.PoolFor(t, url, px.route)
 			conn, err := pool.Acquire(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -167,7 +167,7 @@ func TestXactLockDeadlineWithCancelLost(t *testing.T) {
 
 			wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			defer cancel()
-			if err := call.lock(wctx, tx); !errors.Is(err, context.DeadlineExceeded) {
+			if err := call.lock(wctx, tx, "free", "held"); !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("%s past its deadline = %v, want context.DeadlineExceeded", call.name, err)
 			}
 			pgtest.WaitFor(t, 2*time.Second, "no backend waiting for the lock", func() bool { return waiters(t, observer) == 0 })
@@ -181,13 +181,7 @@ func TestXactLockKeepsLockTimeout(t *testing.T) {
 	t.Parallel()
 	pool, _ := setup(t)
 	ctx := testContext(t)
-	for _, call := range []struct {
-		name string
-		lock func(context.Context, pgx.Tx) error
-	}{
-		{"XactLock", func(ctx context.Context, tx pgx.Tx) error { return XactLock(ctx, tx, "a") }},
-		{"XactLockAll", func(ctx context.Context, tx pgx.Tx) error { return XactLockAll(ctx, tx, "a", "b") }},
-	} {
+	for _, call := range xactLocks {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -196,7 +190,7 @@ func TestXactLockKeepsLockTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = call.lock(wctx, tx)
+		err = call.lock(wctx, tx, "a", "b")
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: %v", call.name, err)
