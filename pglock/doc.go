@@ -116,7 +116,10 @@
 // the wait when it next looks at the session. XactLock and XactLockAll run
 // on the caller's transaction, with no connection to spare: a deadline
 // travels with them the same way, and without one the wait ends as the
-// driver ends it (pgx sends a cancel request, and closes the connection).
+// driver ends it (pgx sends a cancel request, and closes the connection);
+// if that request is lost, the backend waits until the lock is granted,
+// unless the server's client_connection_check_interval ends it once the
+// connection is closed (docs/production.md, "Session settings").
 //
 // A statement_timeout that the role or database sets ends a wait whatever
 // ctx allows (the server starts its timer before the statement runs), and

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -172,6 +173,76 @@ func TestXactLockDeadlineWithCancelLost(t *testing.T) {
 			}
 			pgtest.WaitFor(t, 2*time.Second, "no backend waiting for the lock", func() bool { return waiters(t, observer) == 0 })
 		})
+	}
+}
+
+// A backend waiting for a lock reads nothing from its client, so the wait
+// of an XactLock whose context ends without a deadline, and whose cancel
+// request is lost, stays queued behind the holder, delaying those queued
+// after it, until the lock is granted. The server's
+// client_connection_check_interval (docs/production.md, "Session
+// settings") ends it once the connection is closed: at once where the
+// client is gone (a killed process closes its sockets), and where pgx
+// gave up on the statement, after pgx has drained the connection for up
+// to 15s. Without the setting both subtests fail: the backend waits until
+// the test's end.
+func TestXactLockClientGoneEndsWait(t *testing.T) {
+	t.Parallel()
+	abandons := []struct {
+		name    string
+		within  time.Duration // generous: the interval is 1s
+		abandon func(cancel context.CancelFunc, conn *pgxpool.Conn)
+	}{
+		{"client gone", 5 * time.Second, func(_ context.CancelFunc, conn *pgxpool.Conn) {
+			_ = conn.Conn().PgConn().Conn().Close()
+		}},
+		{"cancel lost", 15*time.Second + 10*time.Second, func(cancel context.CancelFunc, _ *pgxpool.Conn) {
+			cancel()
+		}},
+	}
+	for _, call := range xactLocks {
+		for _, a := range abandons {
+			t.Run(call.name+"/"+a.name, func(t *testing.T) {
+				t.Parallel()
+				url := pgtest.URL(t)
+				observer := newPool(t, url, 2)
+				ctx := testContext(t)
+				lk, err := newLocker(t, observer).Lock(ctx, "held")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer lk.Unlock(ctx)
+
+				px := proxyTo(t, observer)
+				pool := pgtest.PoolFor(t, url, px.route, func(cfg *pgxpool.Config) {
+					cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "1s"
+				})
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Release()
+				pg := conn.Conn().PgConn()
+				tx, err := conn.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = tx.Rollback(context.Background()) }()
+				px.RefuseNew() // the cancel request is lost
+
+				wctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				done := make(chan error, 1)
+				go func() { done <- call.lock(wctx, tx, "free", "held") }()
+				pgtest.WaitFor(t, 10*time.Second, "the call waiting for the lock", func() bool { return waiters(t, observer) == 1 })
+				a.abandon(cancel, conn)
+				if err := <-done; err == nil {
+					t.Fatalf("%s returned nil after its connection was abandoned", call.name)
+				}
+				pgtest.WaitFor(t, a.within, "no backend waiting for the lock", func() bool { return waiters(t, observer) == 0 })
+				<-pg.CleanupDone() // pgx's drain has ended: no goroutine outlives the test
+			})
+		}
 	}
 }
 
