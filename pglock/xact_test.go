@@ -131,6 +131,37 @@ var xactLocks = []struct {
 	{"XactLockAll", XactLockAll},
 }
 
+// behindHolder holds the lock "held" from observer, a pool of its own, and
+// begins tx on conn, which reaches the server through a proxy that now
+// refuses new connections: a cancel request for conn is lost. opts adjust
+// conn's pool. The lock, conn and tx are given back when t ends.
+func behindHolder(t *testing.T, opts ...func(*pgxpool.Config)) (observer *pgxpool.Pool, conn *pgxpool.Conn, tx pgx.Tx) {
+	t.Helper()
+	url := pgtest.URL(t)
+	observer = newPool(t, url, 2)
+	ctx := testContext(t)
+	lk, err := newLocker(t, observer).Lock(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lk.Unlock(context.Background()) })
+
+	px := proxyTo(t, observer)
+	pool := pgtest.PoolFor(t, url, append([]func(*pgxpool.Config){px.route}, opts...)...)
+	conn, err = pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	tx, err = conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	px.RefuseNew()
+	return observer, conn, tx
+}
+
 // An XactLock whose context's deadline passes while it waits, and whose
 // cancel request is lost (the proxy refuses new connections; pgx sends
 // the request on one when the deadline closes the connection), leaves no
@@ -142,31 +173,8 @@ func TestXactLockDeadlineWithCancelLost(t *testing.T) {
 	for _, call := range xactLocks {
 		t.Run(call.name, func(t *testing.T) {
 			t.Parallel()
-			url := pgtest.URL(t)
-			observer := newPool(t, url, 2)
-			l := newLocker(t, observer)
-			ctx := testContext(t)
-			lk, err := l.Lock(ctx, "held")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lk.Unlock(ctx)
-
-			px := proxyTo(t, observer)
-			pool := pgtest.PoolFor(t, url, px.route)
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			tx, err := conn.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(context.Background()) }()
-			px.RefuseNew()
-
-			wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			observer, _, tx := behindHolder(t)
+			wctx, cancel := context.WithTimeout(testContext(t), 500*time.Millisecond)
 			defer cancel()
 			if err := call.lock(wctx, tx, "free", "held"); !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("%s past its deadline = %v, want context.DeadlineExceeded", call.name, err)
@@ -204,33 +212,11 @@ func TestXactLockClientGoneEndsWait(t *testing.T) {
 		for _, a := range abandons {
 			t.Run(call.name+"/"+a.name, func(t *testing.T) {
 				t.Parallel()
-				url := pgtest.URL(t)
-				observer := newPool(t, url, 2)
-				ctx := testContext(t)
-				lk, err := newLocker(t, observer).Lock(ctx, "held")
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer lk.Unlock(ctx)
-
-				px := proxyTo(t, observer)
-				pool := pgtest.PoolFor(t, url, px.route, func(cfg *pgxpool.Config) {
+				observer, conn, tx := behindHolder(t, func(cfg *pgxpool.Config) {
 					cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "1s"
 				})
-				conn, err := pool.Acquire(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer conn.Release()
 				pg := conn.Conn().PgConn()
-				tx, err := conn.Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = tx.Rollback(context.Background()) }()
-				px.RefuseNew() // the cancel request is lost
-
-				wctx, cancel := context.WithCancel(ctx)
+				wctx, cancel := context.WithCancel(testContext(t))
 				defer cancel()
 				done := make(chan error, 1)
 				go func() { done <- call.lock(wctx, tx, "free", "held") }()
