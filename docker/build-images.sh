@@ -267,21 +267,6 @@ build_migrate() {
 	log "$tag: built in $((SECONDS - start))s"
 }
 
-# The images build at once, each in a job of its own: most of their time is
-# downloading and unpacking packages and copying files, which overlap. The
-# migrate image builds on the runtime image, so when both are wanted one job
-# builds the runtime image and then the migrate image.
-jobs=()
 for image in "${wanted[@]}"; do
-	case "$image" in
-	runtime) [[ " ${wanted[*]} " == *" migrate "* ]] && continue ;;
-	migrate) [[ " ${wanted[*]} " == *" runtime "* ]] && image="runtime migrate" ;;
-	esac
-	(for i in $image; do "build_$i"; done) &
-	jobs+=($!)
+	"build_$image"
 done
-failed=0
-for pid in "${jobs[@]}"; do
-	wait "$pid" || failed=1
-done
-exit "$failed"
