@@ -246,6 +246,8 @@ build_migrate() {
 	old=$(image_id "$tag")
 	tmp=$(mktemp -d)
 	log "$tag: go install github.com/golang-migrate/migrate/v4/cmd/migrate@$version"
+	# migrations' TestUpstreamCLI builds the CLI with the same tags, cgo and
+	# -trimpath, so that its compile comes from the build cache.
 	if ! (cd "$tmp" && GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -tags 'postgres pgx5' -trimpath \
 		-ldflags="-s -w -X main.Version=$version" "github.com/golang-migrate/migrate/v4/cmd/migrate@$version" >&2); then
 		rm -rf "$tmp"

@@ -232,9 +232,12 @@ func TestUpstreamCLI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bin := t.TempDir()
-	install := exec.CommandContext(ctx, "go", "install", "-tags", "pgx5",
+	// Built as docker/build-images.sh builds the migrate image's CLI (tags,
+	// cgo, -trimpath): on a machine that built the image, the packages come
+	// from the build cache.
+	install := exec.CommandContext(ctx, "go", "install", "-tags", "postgres pgx5", "-trimpath",
 		"github.com/golang-migrate/migrate/v4/cmd/migrate@"+UpstreamMigrateVersion)
-	install.Env = append(os.Environ(), "GOBIN="+bin, "GOFLAGS=-mod=mod")
+	install.Env = append(os.Environ(), "GOBIN="+bin, "GOFLAGS=-mod=mod", "CGO_ENABLED=0")
 	install.Dir = bin
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("build the upstream migrate CLI: %v\n%s", err, out)
