@@ -134,28 +134,38 @@ func firstInside(t *testing.T, ws []*worker, from int) (*worker, event) {
 // read are kept in each worker's seen.
 func firstMatch(t *testing.T, ws []*worker, match func(event) bool) (*worker, event) {
 	t.Helper()
+	timeout := time.After(2 * time.Minute)
+	for {
+		i, ev := nextEvent(t, ws, timeout, "no worker reported the awaited event within 2m")
+		if match(ev) {
+			return ws[i], ev
+		}
+	}
+}
+
+// nextEvent returns the next event of any worker of ws, with the worker's
+// index, and keeps it in that worker's seen. It fails the test with
+// expired once timeout fires, when a worker exits, and on an "error" event.
+func nextEvent(t *testing.T, ws []*worker, timeout <-chan time.Time, expired string) (int, event) {
+	t.Helper()
 	cases := make([]reflect.SelectCase, len(ws)+1)
 	for i, w := range ws {
 		cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.events)}
 	}
-	cases[len(ws)] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(2 * time.Minute))}
-	for {
-		i, v, ok := reflect.Select(cases)
-		if i == len(ws) {
-			t.Fatal("no worker reported the awaited event within 2m")
-		}
-		if !ok {
-			t.Fatalf("worker %s exited: %v\n%s", ws[i].id, ws[i].exitErr(), ws[i].log())
-		}
-		ev := v.Interface().(event)
-		ws[i].seen = append(ws[i].seen, ev)
-		switch {
-		case ev.Ev == "error":
-			t.Fatalf("worker %s failed: %s", ws[i].id, ev.Err)
-		case match(ev):
-			return ws[i], ev
-		}
+	cases[len(ws)] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timeout)}
+	i, v, ok := reflect.Select(cases)
+	if i == len(ws) {
+		t.Fatal(expired)
 	}
+	if !ok {
+		t.Fatalf("worker %s exited: %v\n%s", ws[i].id, ws[i].exitErr(), ws[i].log())
+	}
+	ev := v.Interface().(event)
+	ws[i].seen = append(ws[i].seen, ev)
+	if ev.Ev == "error" {
+		t.Fatalf("worker %s failed: %s", ws[i].id, ev.Err)
+	}
+	return i, ev
 }
 
 // roleOnce runs periods 1..cfg.Periods of job cfg.Name with OnceTx,

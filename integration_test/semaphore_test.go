@@ -3,7 +3,6 @@ package integration_test
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"slices"
 	"sort"
 	"syscall"
@@ -143,24 +142,10 @@ func driveHolders(t *testing.T, ws []*worker) (victim *worker, killed event, sle
 	resumed := false
 	timeout := time.After(3 * time.Minute)
 	for len(listening) > 0 {
-		cases := make([]reflect.SelectCase, len(listening)+1)
-		for i, w := range listening {
-			cases[i] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.events)}
-		}
-		cases[len(listening)] = reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timeout)}
-		i, v, ok := reflect.Select(cases)
-		if i == len(listening) {
-			t.Fatalf("workers not done within 3m (victim %v, sleeper %v, resumed %v)", victim != nil, sleeper != nil, resumed)
-		}
+		i, ev := nextEvent(t, listening, timeout, fmt.Sprintf("workers not done within 3m (victim %v, sleeper %v, resumed %v)",
+			victim != nil, sleeper != nil, resumed))
 		w := listening[i]
-		if !ok {
-			t.Fatalf("worker %s exited: %v\n%s", w.id, w.exitErr(), w.log())
-		}
-		ev := v.Interface().(event)
-		w.seen = append(w.seen, ev)
 		switch {
-		case ev.Ev == "error":
-			t.Fatalf("worker %s failed: %s", w.id, ev.Err)
 		case ev.Ev == "done":
 			listening = slices.Delete(listening, i, i+1)
 		case ev.Ev != "holding":
@@ -184,6 +169,9 @@ func driveHolders(t *testing.T, ws []*worker) (victim *worker, killed event, sle
 			w.send("go")
 		}
 	}
+	if sleeper == nil {
+		t.Fatal("the workers were done before a second hold")
+	}
 	if !resumed {
 		t.Errorf("the frozen holder's slot %d was not granted again before the others were done", frozen.Period)
 		sleeper.kill(syscall.SIGCONT)
@@ -194,8 +182,8 @@ func driveHolders(t *testing.T, ws []*worker) (victim *worker, killed event, sle
 // roleSemaphore takes a slot of semaphore cfg.Name (semSlots slots)
 // cfg.Periods times; each time it records the hold in cfg.Table with a
 // fenced insert (start), reports "holding" and waits for the command "go",
-// holds a moment, records its end with a fenced update, and releases. A rejected write (stale: the slot was lost) ends
-// that round. Events: "holding" (period = slot, fence), "stale", "done".
+// holds a moment, records its end with a fenced update, and releases. A
+// rejected write (stale: the slot was lost) ends that round. Events: "holding" (period = slot, fence), "stale", "done".
 func roleSemaphore(ctx context.Context, wk *workerSide) error {
 	rctx := ctx // the role's, not the lease's: the frozen holder reads its answer after a loss
 	cfg := wk.cfg
