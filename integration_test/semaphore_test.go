@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,7 +41,8 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 		ws[i] = startWorker(t, workerConfig{Role: "semaphore", ID: fmt.Sprintf("w%d", i), URL: u,
 			Name: "pool", TTL: time.Second, Periods: rounds, Table: "holds"})
 	}
-	victim, killed, sleeper, frozen := driveHolders(t, ws)
+	f := driveHolders(t, ws)
+	victim, killed, sleeper, frozen := f.victim, f.killed, f.sleeper, f.frozen
 	if t.Failed() {
 		return
 	}
@@ -136,47 +136,24 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 // is SIGKILLed and the second SIGSTOPped while they wait for their answer
 // (inside the hold, outside a transaction); the frozen one is resumed, and
 // let go on, once another worker holds its slot with a higher fence.
-func driveHolders(t *testing.T, ws []*worker) (victim *worker, killed event, sleeper *worker, frozen event) {
+func driveHolders(t *testing.T, ws []*worker) *faults {
 	t.Helper()
-	listening := slices.Clone(ws)
-	resumed := false
-	timeout := time.After(3 * time.Minute)
-	for len(listening) > 0 {
-		i, ev := nextEvent(t, listening, timeout, fmt.Sprintf("workers not done within 3m (victim %v, sleeper %v, resumed %v)",
-			victim != nil, sleeper != nil, resumed))
-		w := listening[i]
+	f := &faults{t: t}
+	f.drive(ws, func(w *worker, ev event) {
 		switch {
-		case ev.Ev == "done":
-			listening = slices.Delete(listening, i, i+1)
 		case ev.Ev != "holding":
-		case victim == nil:
-			victim, killed = w, ev
-			w.kill(syscall.SIGKILL)
-			_ = w.exitErr()
-			listening = slices.Delete(listening, i, i+1)
-			t.Logf("SIGKILLed %s holding slot %d (fence %d)", w.id, ev.Period, ev.Fence)
-		case sleeper == nil:
-			sleeper, frozen = w, ev
-			w.kill(syscall.SIGSTOP)
-			t.Logf("SIGSTOPped %s holding slot %d (fence %d)", w.id, ev.Period, ev.Fence)
-		case !resumed && ev.Period == frozen.Period && ev.Fence > frozen.Fence:
-			resumed = true
-			sleeper.kill(syscall.SIGCONT)
-			sleeper.send("go")
+		case f.victim == nil:
+			f.kill(w, ev, fmt.Sprintf("holding slot %d", ev.Period))
+		case f.sleeper == nil:
+			f.stop(w, ev, fmt.Sprintf("holding slot %d", ev.Period))
+		case !f.resumed && ev.Period == f.frozen.Period && ev.Fence > f.frozen.Fence:
+			f.resume(fmt.Sprintf("%s holds slot %d (fence %d)", w.id, ev.Period, ev.Fence))
 			w.send("go")
-			t.Logf("%s holds slot %d (fence %d): resumed %s", w.id, ev.Period, ev.Fence, sleeper.id)
 		default:
 			w.send("go")
 		}
-	}
-	if sleeper == nil {
-		t.Fatal("the workers were done before a second hold")
-	}
-	if !resumed {
-		t.Errorf("the frozen holder's slot %d was not granted again before the others were done", frozen.Period)
-		sleeper.kill(syscall.SIGCONT)
-	}
-	return victim, killed, sleeper, frozen
+	})
+	return f
 }
 
 // roleSemaphore takes a slot of semaphore cfg.Name (semSlots slots)
