@@ -40,7 +40,8 @@ func TestVersion(t *testing.T) {
 // binary reports the version it was installed at. The proxy is a directory
 // holding this checkout's two modules as a made-up prerelease, in front of
 // the local module cache's download directory (itself laid out as a
-// proxy), so nothing is fetched from the network.
+// proxy), so the install fetches nothing from the network; the test fills
+// that cache first (fillModuleCache).
 func TestGoInstall(t *testing.T) {
 	t.Parallel()
 	goBin, err := exec.LookPath("go")
@@ -60,6 +61,7 @@ func TestGoInstall(t *testing.T) {
 	}
 	cmdDir := filepath.Dir(goEnv("GOMOD")) // this module: cmd/pgfence
 	root := filepath.Join(cmdDir, "..", "..")
+	fillModuleCache(t, goBin, root, cmdDir)
 	version := fmt.Sprintf("v0.0.1-installtest.%d", time.Now().UnixNano())
 	proxy := t.TempDir()
 	env := append(os.Environ(),
@@ -111,6 +113,33 @@ func TestGoInstall(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(out), "pgfence "+version+"\n") {
 		t.Errorf("the installed pgfence says %q, want %q first", out, "pgfence "+version)
+	}
+}
+
+// fillModuleCache downloads into the local module cache the modules that
+// installing the command resolves: those the library and the command
+// require, without the workspace's other modules, which raise some
+// versions. Another package's tests may have left them there, or not.
+// integration_test's downloadBuildModules does the same for the
+// Dockerfile's build.
+func fillModuleCache(t *testing.T, goBin, root, cmdDir string) {
+	t.Helper()
+	work := filepath.Join(t.TempDir(), "go.work")
+	for _, step := range []struct {
+		gowork string
+		args   []string
+	}{
+		{"off", []string{"mod", "download"}},
+		{work, []string{"work", "init", root, cmdDir}},
+		{work, []string{"work", "edit", "-replace", modulePath + "@v0.0.0-00010101000000-000000000000=" + root}},
+		{work, []string{"mod", "download"}},
+	} {
+		c := exec.Command(goBin, step.args...)
+		c.Dir = root
+		c.Env = append(os.Environ(), "GOWORK="+step.gowork, "GOTOOLCHAIN=local")
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("go %s (GOWORK=%s): %v\n%s", strings.Join(step.args, " "), step.gowork, err, out)
+		}
 	}
 }
 
