@@ -120,25 +120,23 @@ func TestGoInstall(t *testing.T) {
 // installing the command resolves: those the library and the command
 // require, without the workspace's other modules, which raise some
 // versions. Another package's tests may have left them there, or not.
-// integration_test's downloadBuildModules does the same for the
-// Dockerfile's build.
+// integration_test's downloadBuildModules does this, and the library
+// alone, for the Dockerfile's build.
 func fillModuleCache(t *testing.T, goBin, root, cmdDir string) {
 	t.Helper()
+	// A workspace of the two, which takes the library from root, not as
+	// the placeholder version the command's go.mod names.
 	work := filepath.Join(t.TempDir(), "go.work")
-	for _, step := range []struct {
-		gowork string
-		args   []string
-	}{
-		{"off", []string{"mod", "download"}},
-		{work, []string{"work", "init", root, cmdDir}},
-		{work, []string{"work", "edit", "-replace", modulePath + "@v0.0.0-00010101000000-000000000000=" + root}},
-		{work, []string{"mod", "download"}},
+	for _, args := range [][]string{
+		{"work", "init", root, cmdDir},
+		{"work", "edit", "-replace", modulePath + "@v0.0.0-00010101000000-000000000000=" + root},
+		{"mod", "download"},
 	} {
-		c := exec.Command(goBin, step.args...)
+		c := exec.Command(goBin, args...)
 		c.Dir = root
-		c.Env = append(os.Environ(), "GOWORK="+step.gowork, "GOTOOLCHAIN=local")
+		c.Env = append(os.Environ(), "GOWORK="+work, "GOTOOLCHAIN=local")
 		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("go %s (GOWORK=%s): %v\n%s", strings.Join(step.args, " "), step.gowork, err, out)
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 }
