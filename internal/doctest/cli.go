@@ -3,6 +3,7 @@ package doctest
 import (
 	"bufio"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -42,7 +43,11 @@ var (
 )
 
 func loadCommand(bin string, path []string) (*Command, error) {
-	out, err := exec.Command(bin, append(append([]string{}, path...), "--help")...).CombinedOutput()
+	cmd := exec.Command(bin, append(append([]string{}, path...), "--help")...)
+	// Built with -race under CI (goCmd): without this, each run would sleep
+	// a second at exit, waiting for race reports.
+	cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("pgfence %s --help: %w: %s", strings.Join(path, " "), err, out)
 	}

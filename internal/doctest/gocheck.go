@@ -16,6 +16,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/pgfence/pgfence/internal/gocmd"
 )
 
 // envDecl is a name a snippet may use without declaring it (see the package
@@ -306,10 +308,13 @@ func (c *Checker) lookup(p string) (io.ReadCloser, error) {
 	return nil, fmt.Errorf("%s: not in this module's build graph", p)
 }
 
-// goCmd runs the go command in dir and returns its stdout.
+// goCmd runs the go command in dir and returns its stdout. It builds as
+// the test binary was built (with -race under CI), so that the export
+// data and the command come from the build cache.
 func goCmd(dir string, args ...string) (string, error) {
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS="+gocmd.GOFLAGS(os.Getenv("GOFLAGS")))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/pgfence/pgfence/internal/gocmd"
 )
 
 // forbidden are module paths (prefixes) that must not reach a consumer's
@@ -56,7 +58,9 @@ func main() {}
 		t.Helper()
 		cmd := exec.Command("go", args...)
 		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local")
+		// GOFLAGS as this test binary was built (-race under CI), so that
+		// the build finds the dependencies in the build cache.
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS="+gocmd.GOFLAGS("-mod=mod"), "GOTOOLCHAIN=local")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
