@@ -3,6 +3,7 @@ package leases
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -103,6 +104,14 @@ func namedConn(t *testing.T, ctx context.Context, url, app string) *pgxpool.Conn
 // of "work" under l's token, and so holds l's fence lock until it ends.
 func openFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l *Lease) {
 	t.Helper()
+	if err := fencedWrite(ctx, conn, l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fencedWrite is openFencedWrite, returning its error; the transaction is
+// rolled back if the write fails.
+func fencedWrite(ctx context.Context, conn *pgxpool.Conn, l *Lease) error {
 	for _, q := range []struct {
 		sql  string
 		args []any
@@ -112,8 +121,23 @@ func openFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l *L
 		{`INSERT INTO work VALUES (1)`, nil},
 	} {
 		if _, err := conn.Exec(ctx, q.sql, q.args...); err != nil {
-			t.Fatalf("%s: %v", q.sql, err)
+			_, _ = conn.Exec(ctx, `ROLLBACK`)
+			return fmt.Errorf("%s: %w", q.sql, err)
 		}
+	}
+	return nil
+}
+
+// openExpiringFencedWrite is openFencedWrite under a grant l made with a
+// long TTL, which it then shortens to ttl: the grant expires with the
+// write open. Granted with ttl itself, it could expire before the write
+// on a loaded machine, and the write failed (PF001) instead: seen in a run
+// of the package at -parallel 8, with MinTTL.
+func openExpiringFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l *Lease, ttl time.Duration) {
+	t.Helper()
+	openFencedWrite(t, ctx, conn, l)
+	if err := l.Extend(ctx, ttl); err != nil {
+		t.Fatalf("shorten the writer's grant to %s: %v", ttl, err)
 	}
 }
 
@@ -171,12 +195,12 @@ func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 func TestForceReleaseBlockersAreHolders(t *testing.T) {
 	t.Parallel()
 	url, pool, ctx := protectedWork(t)
-	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", MinTTL)
+	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	holder := namedConn(t, ctx, url, "holder")
-	openFencedWrite(t, ctx, holder, old)
+	openExpiringFencedWrite(t, ctx, holder, old, MinTTL)
 	pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool {
 		var expired bool
 		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'job'`).Scan(&expired)

@@ -18,12 +18,12 @@ import (
 func TestGrantAfterWaitKeepsItsTTL(t *testing.T) {
 	t.Parallel()
 	url, pool, ctx := protectedWork(t)
-	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", MinTTL)
+	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	holder := namedConn(t, ctx, url, "holder")
-	openFencedWrite(t, ctx, holder, old)
+	openExpiringFencedWrite(t, ctx, holder, old, MinTTL)
 
 	const ttl = 2 * time.Second
 	taker := freeze(newClient(t, pool))

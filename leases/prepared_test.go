@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/dbx"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
@@ -39,8 +41,41 @@ func preparedCluster(t *testing.T) (*pgtest.Cluster, string, *pgxpool.Pool, cont
 func prepareFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l *Lease, gid string) {
 	t.Helper()
 	openFencedWrite(t, ctx, conn, l)
+	prepare(t, ctx, conn, gid)
+}
+
+// prepare prepares conn's open transaction as gid.
+func prepare(t *testing.T, ctx context.Context, conn *pgxpool.Conn, gid string) {
+	t.Helper()
 	if _, err := conn.Exec(ctx, `PREPARE TRANSACTION '`+strings.ReplaceAll(gid, `'`, `''`)+`'`); err != nil {
 		t.Fatalf("PREPARE TRANSACTION: %v", err)
+	}
+}
+
+// grantAndPrepare grants "job" to c for ttl and prepares a fenced write
+// under it on conn as gid (prepareFencedWrite). The grant is short, so
+// that it expires with the transaction prepared, and under REPEATABLE READ
+// the transaction share-locks the lease row, so the grant cannot be
+// shortened after the write (openExpiringFencedWrite): if it expires
+// before the write on a loaded machine (PF001), it grants again, up to
+// five times.
+func grantAndPrepare(t *testing.T, ctx context.Context, c *Client, conn *pgxpool.Conn, ttl time.Duration, gid string) *Lease {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		l, err := c.TryAcquire(ctx, "job", ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = fencedWrite(ctx, conn, l)
+		if err == nil {
+			prepare(t, ctx, conn, gid)
+			return l
+		}
+		if dbx.SQLState(err) != fencing.SQLStateStale || attempt == 5 {
+			t.Fatal(err)
+		}
+		t.Logf("grant %d expired before its write: %v", attempt, err)
+		pgtest.WaitFor(t, testTimeout, "the expired grant to be free", func() bool { return !c.holdsLocally("job") })
 	}
 }
 
@@ -128,15 +163,11 @@ func TestPreparedFencedWriteHoldsOffTakeover(t *testing.T) {
 			t.Parallel()
 			c, url, pool, ctx := preparedCluster(t)
 			frozen := freeze(newClient(t, pool))
-			old, err := frozen.TryAcquire(ctx, "job", time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
 			coordinator := namedConn(t, ctx, url, "coordinator")
 			if _, err := coordinator.Exec(ctx, `SELECT set_config('default_transaction_isolation', $1, false)`, tc.isolation); err != nil {
 				t.Fatal(err)
 			}
-			prepareFencedWrite(t, ctx, coordinator, old, "tx-2")
+			old := grantAndPrepare(t, ctx, frozen, coordinator, time.Second, "tx-2")
 			if tc.crash {
 				if err := c.Kill(); err != nil {
 					t.Fatal(err)

@@ -213,12 +213,12 @@ func expiredHolderWriting(t *testing.T) (url string, admin *pgxpool.Pool, ctx co
 	t.Helper()
 	url, admin, ctx = protectedWork(t)
 	frozen := freeze(newClient(t, admin))
-	old, err := frozen.TryAcquire(ctx, "job", MinTTL)
+	old, err := frozen.TryAcquire(ctx, "job", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	holder = namedConn(t, ctx, url, "holder")
-	openFencedWrite(t, ctx, holder, old)
+	openExpiringFencedWrite(t, ctx, holder, old, MinTTL)
 	pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool { return liveHolder(t, ctx, admin) == "" })
 	return url, admin, ctx, holder
 }
