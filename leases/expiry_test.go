@@ -109,6 +109,59 @@ func TestRenewalFailuresLoseAtLocalDeadline(t *testing.T) {
 	}
 	holderPool.Close()
 	<-l.Done()
+	lostBeforeExpiry(t, ctx, other, l)
+}
+
+// A renewal takes a connection from the Client's pool like any statement:
+// when the application holds every one of them (here both of a pool of
+// two), the renewal waits in the pool's queue, and the lease is lost at
+// its local deadline, before the server-side expiry, not once a connection
+// comes back (docs/production.md, sizing pools). TTL 10s, for the reason
+// TestRenewalFailuresLoseAtLocalDeadline gives.
+func TestExhaustedPoolLosesAtLocalDeadline(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	other := pgtest.PoolFor(t, url)
+	pool := pgtest.PoolFor(t, url, func(c *pgxpool.Config) { c.MaxConns = 2 })
+	c, err := New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	l, err := c.TryAcquire(ctx, "starved", 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []*pgxpool.Conn
+	for range 2 {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, conn)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(2 * testTimeout):
+		t.Fatal("the lease outlived its TTL with the pool exhausted")
+	}
+	lostBeforeExpiry(t, ctx, other, l)
+	for _, conn := range held {
+		conn.Release()
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if n := pgtest.Acquired(pool); n != 0 {
+		t.Errorf("after Close: %d connections still acquired from the pool", n)
+	}
+}
+
+// lostBeforeExpiry checks that l, whose Done has closed, was lost at its
+// local deadline and while its grant was still live on the server, read
+// through other.
+func lostBeforeExpiry(t *testing.T, ctx context.Context, other *pgxpool.Pool, l *Lease) {
+	t.Helper()
 	var before bool
 	if err := other.QueryRow(ctx, `SELECT clock_timestamp() < expires_at FROM pgfence.leases WHERE fence = $1`, l.Fence()).Scan(&before); err != nil {
 		t.Fatalf("read the grant: %v", err)
