@@ -127,6 +127,7 @@ func TestExhaustedPoolLosesAtLocalDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.Close() }) // on failure; Close is checked below
 	ctx := testContext(t)
 	l, err := c.TryAcquire(ctx, "starved", 10*time.Second)
 	if err != nil {
@@ -138,6 +139,7 @@ func TestExhaustedPoolLosesAtLocalDeadline(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(conn.Release) // before the pool's Close, which waits for it
 		held = append(held, conn)
 	}
 	select {
