@@ -128,17 +128,23 @@ func fencedWrite(ctx context.Context, conn *pgxpool.Conn, l *Lease) error {
 	return nil
 }
 
-// openExpiringFencedWrite is openFencedWrite under a grant l made with a
-// long TTL, which it then shortens to ttl: the grant expires with the
-// write open. Granted with ttl itself, it could expire before the write
-// on a loaded machine, and the write failed (PF001) instead: seen in a run
-// of the package at -parallel 8, with MinTTL.
-func openExpiringFencedWrite(t *testing.T, ctx context.Context, conn *pgxpool.Conn, l *Lease, ttl time.Duration) {
+// openExpiringFencedWrite grants "job" to c for a minute, opens a fenced
+// write under it on conn (openFencedWrite), then shortens the grant to
+// ttl: the grant expires with the write open. Granted for ttl itself, it
+// could expire before the write on a loaded machine, and the write failed
+// (PF001) instead: seen in a run of the package at -parallel 8, with
+// MinTTL.
+func openExpiringFencedWrite(t *testing.T, ctx context.Context, c *Client, conn *pgxpool.Conn, ttl time.Duration) *Lease {
 	t.Helper()
+	l, err := c.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
 	openFencedWrite(t, ctx, conn, l)
 	if err := l.Extend(ctx, ttl); err != nil {
 		t.Fatalf("shorten the writer's grant to %s: %v", ttl, err)
 	}
+	return l
 }
 
 // TestForceReleaseBehindAFenceLockSquatter: any role may take any advisory
@@ -195,12 +201,8 @@ func TestForceReleaseBehindAFenceLockSquatter(t *testing.T) {
 func TestForceReleaseBlockersAreHolders(t *testing.T) {
 	t.Parallel()
 	url, pool, ctx := protectedWork(t)
-	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	holder := namedConn(t, ctx, url, "holder")
-	openExpiringFencedWrite(t, ctx, holder, old, MinTTL)
+	openExpiringFencedWrite(t, ctx, freeze(newClient(t, pool)), holder, MinTTL)
 	pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool {
 		var expired bool
 		err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'job'`).Scan(&expired)
@@ -219,7 +221,7 @@ func TestForceReleaseBlockersAreHolders(t *testing.T) {
 		return grantRunning(t, ctx, pool, "advisory") > 0
 	})
 
-	err = newClient(t, pool, WithForceReleaseTimeout(500*time.Millisecond)).ForceRelease(ctx, "job")
+	err := newClient(t, pool, WithForceReleaseTimeout(500*time.Millisecond)).ForceRelease(ctx, "job")
 	var be *BlockedError
 	if !errors.As(err, &be) {
 		t.Fatalf("ForceRelease behind the open fenced transaction = %v, want a *BlockedError", err)

@@ -18,12 +18,8 @@ import (
 func TestGrantAfterWaitKeepsItsTTL(t *testing.T) {
 	t.Parallel()
 	url, pool, ctx := protectedWork(t)
-	old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	holder := namedConn(t, ctx, url, "holder")
-	openExpiringFencedWrite(t, ctx, holder, old, MinTTL)
+	openExpiringFencedWrite(t, ctx, freeze(newClient(t, pool)), holder, MinTTL)
 
 	const ttl = 2 * time.Second
 	taker := freeze(newClient(t, pool))

@@ -53,7 +53,7 @@ func prepare(t *testing.T, ctx context.Context, conn *pgxpool.Conn, gid string) 
 }
 
 // grantAndPrepare grants "job" to c for ttl and prepares a fenced write
-// under it on conn as gid (prepareFencedWrite). The grant is short, so
+// under it on conn as gid, as prepareFencedWrite does. The grant is short, so
 // that it expires with the transaction prepared, and under REPEATABLE READ
 // the transaction share-locks the lease row, so the grant cannot be
 // shortened after the write (openExpiringFencedWrite): if it expires

@@ -27,12 +27,8 @@ func TestTakeoverWaitsPastTheRolesLockTimeout(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			u, pool, ctx := protectedWork(t)
-			old, err := freeze(newClient(t, pool)).TryAcquire(ctx, "job", time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
 			holder := namedConn(t, ctx, u, "holder")
-			openExpiringFencedWrite(t, ctx, holder, old, 2*time.Second)
+			openExpiringFencedWrite(t, ctx, freeze(newClient(t, pool)), holder, 2*time.Second)
 			pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool {
 				var expired bool
 				err := pool.QueryRow(ctx, `SELECT expires_at <= clock_timestamp() FROM pgfence.leases WHERE name = 'job'`).Scan(&expired)

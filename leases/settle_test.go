@@ -212,13 +212,8 @@ func TestCancelledGrantCommitted(t *testing.T) {
 func expiredHolderWriting(t *testing.T) (url string, admin *pgxpool.Pool, ctx context.Context, holder *pgxpool.Conn) {
 	t.Helper()
 	url, admin, ctx = protectedWork(t)
-	frozen := freeze(newClient(t, admin))
-	old, err := frozen.TryAcquire(ctx, "job", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
 	holder = namedConn(t, ctx, url, "holder")
-	openExpiringFencedWrite(t, ctx, holder, old, MinTTL)
+	openExpiringFencedWrite(t, ctx, freeze(newClient(t, admin)), holder, MinTTL)
 	pgtest.WaitFor(t, testTimeout, "the holder's grant to expire", func() bool { return liveHolder(t, ctx, admin) == "" })
 	return url, admin, ctx, holder
 }
