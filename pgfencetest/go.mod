@@ -3,7 +3,7 @@ module github.com/pgfence/pgfence/pgfencetest
 go 1.26.0
 
 require (
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/moby/moby/api v1.56.1
 	github.com/moby/moby/client v0.6.2
 	github.com/pgfence/pgfence v0.0.0

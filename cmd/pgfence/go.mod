@@ -3,7 +3,7 @@ module github.com/pgfence/pgfence/cmd/pgfence
 go 1.25.0
 
 require (
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/pgfence/pgfence v0.0.0-00010101000000-000000000000
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.9 // v1.1.0 prints every bool flag as --x[=true|false] in help
