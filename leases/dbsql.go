@@ -25,6 +25,14 @@ import (
 //     can wait for: the grant's statement is waited for up to 250ms, then
 //     its context is cancelled (lib/pq then sends a cancel request of its
 //     own) and the call reports the grant in doubt.
+//   - No statement is sent twice: each runs on a connection of its own
+//     (sql.DB.Conn), never on db itself, which sends a statement again
+//     when the driver answers driver.ErrBadConn. lib/pq answers it for any
+//     connection that broke, also after the statement was sent, and a
+//     grant sent twice would find the lease held by its own first copy, a
+//     release the grant it ended gone (a false ErrLost). A statement on a
+//     connection that broke fails instead, and a grant that may have
+//     committed is ended.
 //   - Every statement returns when its context ends, even where the driver
 //     would go on reading (lib/pq on a silent network, or starting a new
 //     connection): the statement is left to end in the background, and

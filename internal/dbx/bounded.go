@@ -11,15 +11,35 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// dbQuerier is SQL over a *sql.DB, whose statements return when their
-// context ends even if the driver does not end them: lib/pq on a silent
-// network sends a cancel request and keeps reading, and the startup of a
-// new connection ignores the context altogether. The statement then goes
-// on in the background, on a connection of db's own, which database/sql
-// gets back (or discards) when the driver returns; its results are
-// dropped. Only a *sql.DB: a statement left running on a pinned
-// *sql.Conn or *sql.Tx would hold up the next one on it anyway.
-type dbQuerier struct{ q sqlQuerier }
+// dbQuerier is SQL over a *sql.DB. Each statement runs on a connection of
+// its own (DB.Conn), not on db: on db, database/sql sends a statement again
+// when the driver answers driver.ErrBadConn, and lib/pq answers it for any
+// connection that broke, after the statement was sent too (lib/pq issue
+// 939). A statement sent twice reads its own first copy's effect: a grant
+// finds the lease held by the first, under its own owner, and a release
+// finds the grant it ended already gone. On a connection of its own the
+// statement fails instead. Getting the connection still passes over those
+// the driver knows to be bad.
+//
+// Its statements return when their context ends even if the driver does
+// not end them: lib/pq on a silent network sends a cancel request and
+// keeps reading, and the startup of a new connection ignores the context
+// altogether. The statement then goes on in the background, on its
+// connection, which database/sql gets back (or discards) when the driver
+// returns; its results are dropped. Only a *sql.DB: a statement left
+// running on a pinned *sql.Conn or *sql.Tx would hold up the next one on
+// it anyway.
+type dbQuerier struct{ db *sql.DB }
+
+// conn returns a connection of q's own for one statement, adapted, and
+// the function that gives it back.
+func (q dbQuerier) conn(ctx context.Context) (sqlQuerier, func(), error) {
+	sc, err := q.db.Conn(ctx)
+	if err != nil {
+		return sqlQuerier{}, nil, Error(err)
+	}
+	return sqlQuerier{sc}, func() { _ = sc.Close() }, nil
+}
 
 // FailWait bounds how long pglock and leases wait for a statement they
 // made fail (by closing its socket, or cancelling its context) before
@@ -66,7 +86,7 @@ func bounded[T any](ctx context.Context, f func() (T, error), drop func(T)) (T, 
 }
 
 func (q dbQuerier) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
-	return boundedRow{ctx: ctx, q: q.q, query: query, args: args}
+	return boundedRow{ctx: ctx, q: q, query: query, args: args}
 }
 
 // valued returns args with each driver.Valuer replaced by its value, read
@@ -92,7 +112,19 @@ func (q dbQuerier) Query(ctx context.Context, query string, args ...any) (pgx.Ro
 	if err != nil {
 		return nil, err
 	}
-	return bounded(ctx, func() (pgx.Rows, error) { return q.q.Query(ctx, query, args...) },
+	return bounded(ctx, func() (pgx.Rows, error) {
+		sq, done, err := q.conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := sq.Query(ctx, query, args...)
+		if err != nil {
+			done()
+			return nil, err
+		}
+		rs.(*rows).done = done
+		return rs, nil
+	},
 		func(rs pgx.Rows) {
 			if rs != nil {
 				rs.Close()
@@ -105,7 +137,14 @@ func (q dbQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return bounded(ctx, func() (pgconn.CommandTag, error) { return q.q.Exec(ctx, query, args...) }, nil)
+	return bounded(ctx, func() (pgconn.CommandTag, error) {
+		sq, done, err := q.conn(ctx)
+		if err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		defer done()
+		return sq.Exec(ctx, query, args...)
+	}, nil)
 }
 
 // boundedRow runs its statement when scanned, bounded by its context. The
@@ -113,14 +152,14 @@ func (q dbQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.
 // if it returns in time: one left running never writes the caller's.
 type boundedRow struct {
 	ctx   context.Context
-	q     sqlQuerier
+	q     dbQuerier
 	query string
 	args  []any
 }
 
 func (r boundedRow) Scan(dest ...any) error {
 	if r.ctx.Done() == nil {
-		return r.q.QueryRow(r.ctx, r.query, r.args...).Scan(dest...)
+		return r.scan(r.args, dest)
 	}
 	args, err := valued(r.args)
 	if err != nil {
@@ -132,9 +171,7 @@ func (r boundedRow) Scan(dest ...any) error {
 			tmp[i] = reflect.New(reflect.TypeOf(d).Elem()).Interface()
 		}
 	}
-	_, err = bounded(r.ctx, func() (struct{}, error) {
-		return struct{}{}, r.q.QueryRow(r.ctx, r.query, args...).Scan(tmp...)
-	}, nil)
+	_, err = bounded(r.ctx, func() (struct{}, error) { return struct{}{}, r.scan(args, tmp) }, nil)
 	if err != nil {
 		return err
 	}
@@ -146,8 +183,13 @@ func (r boundedRow) Scan(dest ...any) error {
 	return nil
 }
 
-// isDB reports whether h is a *sql.DB.
-func isDB(h Handle) bool {
-	_, ok := h.(*sql.DB)
-	return ok
+// scan runs the statement with args on a connection of its own and scans
+// its row into dest.
+func (r boundedRow) scan(args, dest []any) error {
+	sq, done, err := r.q.conn(r.ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return sq.QueryRow(r.ctx, r.query, args...).Scan(dest...)
 }

@@ -39,11 +39,13 @@ func BackendPID(ctx context.Context, q Querier) (uint32, error) {
 	return pid, err
 }
 
-// SQL returns h as a Querier. Over a *sql.DB its statements return when
-// their context ends, whether or not the driver ends them (dbQuerier).
+// SQL returns h as a Querier. Over a *sql.DB each statement runs on a
+// connection of its own, which database/sql never sends it again on, and
+// returns when its context ends, whether or not the driver ends it
+// (dbQuerier).
 func SQL(h Handle) Querier {
-	if isDB(h) {
-		return dbQuerier{sqlQuerier{h}}
+	if db, ok := h.(*sql.DB); ok {
+		return dbQuerier{db}
 	}
 	return sqlQuerier{h}
 }
@@ -127,14 +129,19 @@ func replaced(xs []any, f func(x any) (any, bool)) []any {
 // pgx.CollectRows; FieldDescriptions, Values, RawValues, Conn and TypeMap report
 // nothing.
 type rows struct {
-	rs  *sql.Rows
-	err error
-	n   int64
+	rs   *sql.Rows
+	err  error
+	n    int64
+	done func() // if not nil, gives back the connection rs was read from
 }
 
 func (r *rows) Close() {
 	if err := r.rs.Close(); err != nil && r.err == nil {
 		r.err = Error(err)
+	}
+	if r.done != nil {
+		r.done()
+		r.done = nil
 	}
 }
 
