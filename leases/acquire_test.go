@@ -93,25 +93,28 @@ func TestFencesIncrease(t *testing.T) {
 	a, frozen := cs[0], freeze(newClient(t, ps[1]))
 	ctx := testContext(t)
 	var fences []int64
-	take := func(c *Client) *Lease {
+	take := func(c *Client, ttl time.Duration) *Lease {
 		t.Helper()
-		l, err := c.Acquire(ctx, "f", time.Second)
+		l, err := c.Acquire(ctx, "f", ttl)
 		if err != nil {
 			t.Fatalf("Acquire: %v", err)
 		}
 		fences = append(fences, l.Fence())
 		return l
 	}
-	l := take(a)
+	// Held until released or force-released: a TTL of a second, renewed
+	// every third of it, ran out first on a loaded machine ("lease not
+	// held"). Only the frozen holder's is short, to expire.
+	l := take(a, time.Minute)
 	if err := l.Release(ctx); err != nil { // release
 		t.Fatal(err)
 	}
-	take(frozen) // expiry: never renewed
-	l = take(a)
+	take(frozen, time.Second) // expiry: never renewed
+	l = take(a, time.Minute)
 	if err := cs[1].ForceRelease(ctx, "f"); err != nil { // force-release
 		t.Fatal(err)
 	}
-	take(cs[1])
+	take(cs[1], time.Minute)
 	for i := 1; i < len(fences); i++ {
 		if fences[i] <= fences[i-1] {
 			t.Fatalf("fences %v do not strictly increase", fences)
