@@ -58,7 +58,7 @@ func TestLibpqGrantWhoseAnswerIsLost(t *testing.T) {
 
 				lost := answers.Arm("pgfence.try_acquire")
 				l, err := tk.take(callCtx, c)
-				mustHaveLost(t, lost, tk.name+"'s grant")
+				pgtest.MustHaveLost(t, lost, tk.name+"'s grant")
 				var live int
 				var holder string
 				if err := admin.QueryRow(ctx, `SELECT count(*), coalesce(min(owner), '') FROM pgfence.leases
@@ -112,7 +112,7 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 			}
 			lost := answers.Arm("pgfence.release")
 			err = l.Release(callCtx)
-			mustHaveLost(t, lost, "Release")
+			pgtest.MustHaveLost(t, lost, "Release")
 			if errors.Is(err, leases.ErrLost) {
 				t.Errorf("Release whose answer was lost = %v; the lease was not lost", err)
 			}
@@ -123,23 +123,12 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 				lost = answers.Arm("pgfence.release")
 				return nil
 			})
-			mustHaveLost(t, lost, "Run's release")
+			pgtest.MustHaveLost(t, lost, "Run's release")
 			if err != nil {
 				t.Errorf("Run whose fn returned nil, its release's answer lost = %v; want nil", err)
 			}
 			mustWait(t, 30*time.Second, "the run's grant to end", func() (bool, error) { return !live("run"), nil })
 		})
-	}
-}
-
-// mustHaveLost fails t unless the answer lost stands for was lost by now:
-// the premise of the tests above.
-func mustHaveLost(t *testing.T, lost <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-lost:
-	default:
-		t.Fatalf("the answer to %s was not lost (the premise of this test)", what)
 	}
 }
 

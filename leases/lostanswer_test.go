@@ -2,8 +2,10 @@ package leases
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,26 +47,12 @@ func TestGrantWhoseAnswerIsLostIsEnded(t *testing.T) {
 		name := fmt.Sprintf("%s/%s/%s/ends=%t", v.take.name, v.driver, v.mode, v.ends)
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			url := pgtest.URL(t)
-			admin := pgtest.PoolFor(t, url)
-			ctx := testContext(t)
-			var answers pgtest.LostAnswers
-			c := clientOver(t, v.driver, url, func(cfg *pgxpool.Config) {
-				cfg.ConnConfig.DefaultQueryExecMode = v.mode
-				cfg.ConnConfig.DialFunc = answers.Dial
-			})
-			callCtx := context.Background()
-			if v.ends {
-				callCtx = ctx
-			}
+			x := newLostAnswerCase(t, v.driver, v.mode, v.ends)
+			admin, ctx, callCtx, c := x.admin, x.ctx, x.callCtx, x.c
 
-			lost := answers.Arm("pgfence.try_acquire")
+			lost := x.answers.Arm("pgfence.try_acquire")
 			l, err := v.take.take(callCtx, c)
-			select {
-			case <-lost:
-			default:
-				t.Fatalf("%s = %v, %v: the grant's answer was not lost (the premise of this test)", v.take.name, l, err)
-			}
+			pgtest.MustHaveLost(t, lost, v.take.name+"'s grant")
 			holder := liveHolder(t, ctx, admin)
 			if err != nil {
 				if holder != "" {
@@ -87,4 +75,80 @@ func TestGrantWhoseAnswerIsLostIsEnded(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A release whose answer is lost: as above, for the release's answer. The
+// release may fail (the client cannot tell it committed), but must not
+// report the lease lost, and Run, whose fn returned nil, must return nil;
+// the grant ends either way. (Over lib/pq, database/sql sent the release
+// again, and the copy found the grant gone: integration_test's
+// TestLibpqReleaseWhoseAnswerIsLost.)
+func TestReleaseWhoseAnswerIsLost(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"pgx", "database/sql"} {
+		for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+			for _, ends := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/%s/ends=%t", driver, mode, ends), func(t *testing.T) {
+					t.Parallel()
+					x := newLostAnswerCase(t, driver, mode, ends)
+					live := func() bool {
+						t.Helper()
+						var n int
+						if err := x.admin.QueryRow(x.ctx, `SELECT count(*) FROM pgfence.leases WHERE expires_at > clock_timestamp()`).Scan(&n); err != nil {
+							t.Fatal(err)
+						}
+						return n > 0
+					}
+
+					l, err := x.c.TryAcquire(x.callCtx, "job", time.Minute)
+					if err != nil {
+						t.Fatal(err)
+					}
+					lost := x.answers.Arm("pgfence.release")
+					err = l.Release(x.callCtx)
+					pgtest.MustHaveLost(t, lost, "Release")
+					if errors.Is(err, ErrLost) {
+						t.Errorf("Release whose answer was lost = %v; the lease was not lost", err)
+					}
+					t.Logf("Release = %v", err)
+					pgtest.WaitFor(t, testTimeout, "the grant to end", func() bool { return !live() })
+
+					err = x.c.Run(x.callCtx, "run", time.Minute, func(context.Context, *Lease) error {
+						lost = x.answers.Arm("pgfence.release")
+						return nil
+					})
+					pgtest.MustHaveLost(t, lost, "Run's release")
+					if err != nil {
+						t.Errorf("Run whose fn returned nil, its release's answer lost = %v; want nil", err)
+					}
+					pgtest.WaitFor(t, testTimeout, "the run's grant to end", func() bool { return !live() })
+				})
+			}
+		}
+	}
+}
+
+// A lostAnswerCase is the set-up of one subtest above: a fresh database,
+// an admin pool on it, a client over driver in mode whose connections are
+// dialled through answers, the test's context, and the one the calls run
+// with: the test's if ends, else one that cannot end.
+type lostAnswerCase struct {
+	admin        *pgxpool.Pool
+	ctx, callCtx context.Context
+	c            *Client
+	answers      *pgtest.LostAnswers
+}
+
+func newLostAnswerCase(t *testing.T, driver string, mode pgx.QueryExecMode, ends bool) lostAnswerCase {
+	t.Helper()
+	url := pgtest.URL(t)
+	x := lostAnswerCase{admin: pgtest.PoolFor(t, url), ctx: testContext(t), callCtx: context.Background(), answers: new(pgtest.LostAnswers)}
+	if ends {
+		x.callCtx = x.ctx
+	}
+	x.c = clientOver(t, driver, url, func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		cfg.ConnConfig.DialFunc = x.answers.Dial
+	})
+	return x
 }

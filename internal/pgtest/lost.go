@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"testing"
 )
 
 // LostAnswers loses, once armed, the answer to the next statement sent
@@ -31,6 +32,17 @@ func (a *LostAnswers) Arm(match string) <-chan struct{} {
 	defer a.mu.Unlock()
 	a.match, a.lost = []byte(match), make(chan struct{})
 	return a.lost
+}
+
+// MustHaveLost fails t unless the answer lost stands for (Arm's channel)
+// was lost by now: the premise of a test that loses one.
+func MustHaveLost(t testing.TB, lost <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-lost:
+	default:
+		t.Fatalf("the answer to %s was not lost (the premise of this test)", what)
+	}
 }
 
 // Dial dials as net.Dialer does, with the connection's statements and
