@@ -192,8 +192,11 @@ func TestRunReportsLoss(t *testing.T) {
 	// The force-release runs under the test's context, not fn's: a's
 	// client ends fn's context as soon as it hears of the loss (the
 	// release's notification, or a renewal), which may be before b has
-	// read the answer to its own statement.
-	err := a.Run(ctx, "run", time.Second, func(fctx context.Context, l *Lease) error {
+	// read the answer to its own statement. A TTL of 10s, not the least:
+	// a grant of a second ran out on a loaded machine before the
+	// force-release, or before the release that follows fn.
+	const ttl = 10 * time.Second
+	err := a.Run(ctx, "run", ttl, func(fctx context.Context, l *Lease) error {
 		if err := b.ForceRelease(ctx, "run"); err != nil {
 			t.Errorf("ForceRelease: %v", err)
 		}
@@ -205,7 +208,7 @@ func TestRunReportsLoss(t *testing.T) {
 		t.Errorf("Run = %v (fn's cause %v), want ErrLost", err, cause)
 	}
 	boom := errors.New("boom")
-	err = a.Run(ctx, "run", time.Second, func(ctx context.Context, l *Lease) error { return boom })
+	err = a.Run(ctx, "run", ttl, func(ctx context.Context, l *Lease) error { return boom })
 	if !errors.Is(err, boom) || errors.Is(err, ErrLost) {
 		t.Errorf("Run = %v, want fn's error alone", err)
 	}
@@ -214,7 +217,7 @@ func TestRunReportsLoss(t *testing.T) {
 	}
 	// Run's fn sees the caller's cancellation too.
 	rctx, cancel := context.WithCancel(ctx)
-	err = a.Run(rctx, "run", time.Second, func(ctx context.Context, l *Lease) error {
+	err = a.Run(rctx, "run", ttl, func(ctx context.Context, l *Lease) error {
 		cancel()
 		<-ctx.Done()
 		return ctx.Err()
