@@ -55,9 +55,9 @@ func (a *LostAnswers) Dial(ctx context.Context, network, addr string) (net.Conn,
 	return &losingConn{Conn: c, a: a}, nil
 }
 
-// A losingConn is a connection LostAnswers watches. pgx writes a request
-// and then reads its answer, never both at once; mu guards the state the
-// two sides share all the same.
+// A losingConn is a connection LostAnswers watches. A client (pgx, lib/pq)
+// writes a request and then reads its answer, never both at once; mu
+// guards the state the two sides share all the same.
 type losingConn struct {
 	net.Conn
 	a *LostAnswers
