@@ -62,9 +62,7 @@ func TestGrantCutWhileWaiting(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustWait(t, 30*time.Second, "the taker's sessions to end", func() (bool, error) {
-				var n int
-				err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-  WHERE datname = current_database() AND application_name = 'taker' AND state = 'active'`).Scan(&n)
+				n, err := countSessions(ctx, admin, "taker")
 				return n == 0, err
 			})
 			row, _, err := readLease(ctx, admin, "res")

@@ -96,14 +96,11 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 			t.Parallel()
 			x := newLostAnswerCase(t, ends)
 			admin, ctx, callCtx, c, answers := x.admin, x.ctx, x.callCtx, x.c, x.answers
-			live := func(name string) bool {
-				t.Helper()
-				var n int
-				if err := admin.QueryRow(ctx, `SELECT count(*) FROM pgfence.leases
-  WHERE name = $1 AND expires_at > clock_timestamp()`, name).Scan(&n); err != nil {
-					t.Fatal(err)
+			ended := func(name string) func() (bool, error) {
+				return func() (bool, error) {
+					row, ok, err := readLease(ctx, admin, name)
+					return !(ok && row.live()), err
 				}
-				return n > 0
 			}
 
 			l, err := c.TryAcquire(callCtx, "job", time.Minute)
@@ -117,7 +114,7 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 				t.Errorf("Release whose answer was lost = %v; the lease was not lost", err)
 			}
 			t.Logf("Release = %v", err)
-			mustWait(t, 30*time.Second, "the grant to end", func() (bool, error) { return !live("job"), nil })
+			mustWait(t, 30*time.Second, "the grant to end", ended("job"))
 
 			err = c.Run(callCtx, "run", time.Minute, func(context.Context, *leases.Lease) error {
 				lost = answers.Arm("pgfence.release")
@@ -127,7 +124,7 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 			if err != nil {
 				t.Errorf("Run whose fn returned nil, its release's answer lost = %v; want nil", err)
 			}
-			mustWait(t, 30*time.Second, "the run's grant to end", func() (bool, error) { return !live("run"), nil })
+			mustWait(t, 30*time.Second, "the run's grant to end", ended("run"))
 		})
 	}
 }
