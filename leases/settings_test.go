@@ -96,3 +96,50 @@ func TestReadOnlyDefaultIsNamed(t *testing.T) {
 		t.Errorf("TryAcquire in a read-only session: %v; want the hint to name default_transaction_read_only", err)
 	}
 }
+
+// TestRoleTimeoutsEndingATakeoverAreNamed (scenario: a lease's grant has
+// expired while its holder's fenced transaction stays open, and the
+// taker's role sets statement_timeout or, on PostgreSQL 17,
+// transaction_timeout). The takeover waits for that transaction in one
+// statement, which the setting ends whatever the caller's context allows
+// (docs/production.md, "Session settings"): the call fails with the
+// setting's SQLSTATE and a hint naming it, and grants nothing, then or
+// once the holder commits.
+func TestRoleTimeoutsEndingATakeoverAreNamed(t *testing.T) {
+	t.Parallel()
+	type timeoutCase struct{ setting, code, hint string }
+	cases := []timeoutCase{{"statement_timeout=500ms", pgerr.QueryCanceled, "statement_timeout"}}
+	if v := pgtest.ServerVersion(t, pgtest.EmptyURL(t)); v >= 170000 {
+		cases = append(cases, timeoutCase{"transaction_timeout=500ms", pgerr.TransactionTimeout, "transaction_timeout"})
+	} else {
+		t.Logf("server %d has no transaction_timeout (PostgreSQL 17): that case runs on 17", v)
+	}
+	for _, c := range cases {
+		for _, tk := range takes {
+			for _, driver := range []string{"pgx", "database/sql"} {
+				t.Run(c.setting+"/"+tk.name+"/"+driver, func(t *testing.T) {
+					t.Parallel()
+					url, admin, ctx, holder := expiredHolderWriting(t)
+					taker := clientOver(t, driver, pgtest.WithSettings(url, c.setting), nil)
+					l, err := tk.take(ctx, taker)
+					if err == nil {
+						t.Fatalf("%s granted %v behind an open fenced transaction", tk.name, l)
+					}
+					if pgerr.Code(err) != c.code {
+						t.Fatalf("%s: %v; want SQLSTATE %s", tk.name, err, c.code)
+					}
+					if !strings.Contains(err.Error(), c.hint) {
+						t.Errorf("%s: %v; want a hint naming %s", tk.name, err, c.hint)
+					}
+					if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+						t.Fatal(err)
+					}
+					pgtest.WaitFor(t, testTimeout, "no grant statement to run", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
+					if h := liveHolder(t, ctx, admin); h != "" {
+						t.Errorf("the lease is held by %q after the takeover failed", h)
+					}
+				})
+			}
+		}
+	}
+}

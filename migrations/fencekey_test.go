@@ -58,7 +58,11 @@ func TestLeaseTableLockWaitsBesideTraffic(t *testing.T) {
 	}
 }
 
-func upgradeBesideFencedWriter(t *testing.T, from int) {
+// upgradeBesideFencedWriter runs Up from version from, over a URL with
+// settings (as a role's defaults), while a fenced transaction is open; with
+// settings, it keeps the transaction open until the migration's own has
+// run for 2 s.
+func upgradeBesideFencedWriter(t *testing.T, from int, settings ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	u := pgtest.EmptyURL(t)
@@ -88,7 +92,11 @@ SELECT pgfence.protect('accounts');`); err != nil {
 	}
 
 	up := make(chan error, 1)
-	go func() { up <- migrations.Up(ctx, u) }()
+	uu := u
+	if len(settings) > 0 {
+		uu = pgtest.WithSettings(u, settings...)
+	}
+	go func() { up <- migrations.Up(ctx, uu) }()
 	// The migration queues for pgfence.leases behind the open writer.
 	for waiting := false; !waiting; {
 		select {
@@ -116,6 +124,22 @@ SELECT pgfence.protect('accounts');`); err != nil {
 	case err := <-up:
 		t.Fatalf("Up returned (%v) while a fenced transaction of version %d was open", err, from)
 	default:
+	}
+	if len(settings) > 0 {
+		pgtest.WaitFor(t, 30*time.Second, "the migration's transaction to run for 2 s", func() bool {
+			select {
+			case err := <-up:
+				t.Fatalf("Up returned (%v) while a fenced transaction of version %d was open", err, from)
+			default:
+			}
+			var long bool
+			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE application_name = 'pgfence migrations' AND datname = current_database()
+				  AND xact_start < clock_timestamp() - interval '2 seconds')`).Scan(&long); err != nil {
+				t.Fatal(err)
+			}
+			return long
+		})
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -66,8 +66,10 @@ var ErrInvalid = errors.New("migrations: invalid input")
 // databaseURL is a PostgreSQL connection string in URL or keyword/value form
 // (anything pgx.ParseConfig accepts); errors never quote it. The
 // connection's application_name is "pgfence migrations" unless it names
-// one. ctx bounds connecting and waiting for the lock; once a migration has
-// started it runs to its end, and cancelling ctx stops before the next one.
+// one. ctx bounds connecting and waiting for the lock, whatever
+// statement_timeout or transaction_timeout the role sets; once a migration
+// has started it runs to its end, and cancelling ctx stops before the next
+// one.
 func Up(ctx context.Context, databaseURL string, opts ...Option) error {
 	if err := run(ctx, databaseURL, up, opts); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
@@ -237,14 +239,16 @@ func run(ctx context.Context, databaseURL string, dir direction, opts []Option) 
 		// pg_catalog alone leaves no choice; the bookkeeping table was
 		// found with the role's path, and is named schema-qualified.
 		//
-		// statement_timeout is 0 for this session: a role's or database's
-		// default (ALTER ROLE ... SET statement_timeout) would end the wait
-		// for the migration lock, which ctx bounds, and a file part-way,
-		// which must run to its end (migration 9 waits up to 10 minutes
-		// for fenced transactions) and would leave the version dirty.
+		// statement_timeout and (PostgreSQL 17 on) transaction_timeout are
+		// 0 for this session: a role's or database's default (ALTER ROLE
+		// ... SET statement_timeout) would end the wait for the migration
+		// lock, which ctx bounds, and a file part-way, which must run to
+		// its end (migration 9 waits up to 10 minutes for fenced
+		// transactions) and would leave the version dirty.
 		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),
-       pg_catalog.set_config('statement_timeout', '0', false)`); err != nil {
-			return fmt.Errorf("pin the search path and statement_timeout: %w", err)
+       pg_catalog.set_config('statement_timeout', '0', false),
+       (SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'transaction_timeout')`); err != nil {
+			return fmt.Errorf("pin the search path and the timeouts: %w", err)
 		}
 		if err := b.lock(ctx, conn); err != nil {
 			return err

@@ -32,16 +32,34 @@ func TestUpDownUnderOddSessionSettings(t *testing.T) {
 	}
 }
 
-// TestUpWaitsPastTheRolesStatementTimeout: a role or database may set
-// statement_timeout (ALTER ROLE app SET statement_timeout = '2s'). Up
-// waits for the migration lock while another migrator holds it, for as
-// long as ctx allows, and a migration's file runs to its end (migration
-// 9 waits up to 10 minutes for fenced transactions): the role's timeout
-// cut both short. Up returned "take the migration lock: ERROR: canceling
-// statement due to statement timeout (SQLSTATE 57014)" as soon as the
-// timeout passed; it now runs its session with statement_timeout 0.
-func TestUpWaitsPastTheRolesStatementTimeout(t *testing.T) {
+// TestUpWaitsPastTheRolesTimeouts: a role or database may set
+// statement_timeout (ALTER ROLE app SET statement_timeout = '2s') or, on
+// PostgreSQL 17, transaction_timeout. Up waits for the migration lock
+// while another migrator holds it, for as long as ctx allows, and a
+// migration's file runs to its end (migration 9 waits up to 10 minutes for
+// fenced transactions; TestFileRunsPastTheRolesTransactionTimeout): the
+// role's timeout cut both short. Up returned "take the migration lock:
+// ERROR: canceling statement due to statement timeout (SQLSTATE 57014)",
+// or "FATAL: terminating connection due to transaction timeout (SQLSTATE
+// 25P04)", as soon as the timeout passed; it now runs its session with
+// both at 0.
+func TestUpWaitsPastTheRolesTimeouts(t *testing.T) {
 	t.Parallel()
+	settings := []string{"statement_timeout=300ms"}
+	if v := pgtest.ServerVersion(t, pgtest.EmptyURL(t)); v >= 170000 {
+		settings = append(settings, "transaction_timeout=300ms")
+	} else {
+		t.Logf("server %d has no transaction_timeout (PostgreSQL 17): that case runs on 17", v)
+	}
+	for _, setting := range settings {
+		t.Run(setting, func(t *testing.T) {
+			t.Parallel()
+			upWaitsForTheLock(t, setting)
+		})
+	}
+}
+
+func upWaitsForTheLock(t *testing.T, setting string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	base := pgtest.EmptyURL(t)
@@ -55,10 +73,10 @@ func TestUpWaitsPastTheRolesStatementTimeout(t *testing.T) {
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, lockID); err != nil {
 		t.Fatal(err)
 	}
-	u := withParam(base, "options=-c%20statement_timeout%3D300ms")
+	u := pgtest.WithSettings(base, setting)
 	done := make(chan error, 1)
 	go func() { done <- migrations.Up(ctx, u) }()
-	// Up must still be waiting well after its statement_timeout.
+	// Up must still be waiting well after the role's timeout.
 	pgtest.WaitFor(t, 30*time.Second, "Up to wait for the migration lock for a second", func() bool {
 		select {
 		case err := <-done:
@@ -79,4 +97,20 @@ func TestUpWaitsPastTheRolesStatementTimeout(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Up: %v", err)
 	}
+}
+
+// TestFileRunsPastTheRolesTransactionTimeout: a migration's file runs in
+// one transaction, and migration 9 waits in it for every open fenced
+// transaction to end. A role's transaction_timeout (PostgreSQL 17) shorter
+// than that wait ended the session part-way ("FATAL: terminating
+// connection due to transaction timeout") and left the version dirty at
+// 9, for an operator to force back by hand. Up now runs its session with
+// transaction_timeout 0; here the fenced transaction stays open for twice
+// the role's timeout, and Up then completes, clean.
+func TestFileRunsPastTheRolesTransactionTimeout(t *testing.T) {
+	t.Parallel()
+	if v := pgtest.ServerVersion(t, pgtest.EmptyURL(t)); v < 170000 {
+		t.Skipf("server %d has no transaction_timeout (PostgreSQL 17): this test runs on 17", v)
+	}
+	upgradeBesideFencedWriter(t, 8, "transaction_timeout=1s")
 }

@@ -122,9 +122,10 @@
 // connection is closed (docs/production.md, "Session settings").
 //
 // A statement_timeout that the role or database sets ends a wait whatever
-// ctx allows (the server starts its timer before the statement runs), and
-// without a deadline the session's lock_timeout bounds it: the error's
-// text then names the setting (docs/production.md, "Session settings").
+// ctx allows (the server starts its timer before the statement runs), as
+// does PostgreSQL 17's transaction_timeout (with the session), and without
+// a deadline the session's lock_timeout bounds it: the error's text then
+// names the setting (docs/production.md, "Session settings").
 //
 // # Loss detection
 //

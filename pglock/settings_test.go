@@ -10,14 +10,16 @@ import (
 )
 
 // TestRoleTimeoutsEndingAWaitAreNamed: a role or database may set
-// statement_timeout or lock_timeout. A blocking Lock carries a deadline of
-// ctx as its own lock_timeout, but the server's statement_timeout timer is
-// armed before the statement runs, so a statement_timeout shorter than the
-// wait ends it whatever ctx allows; without a deadline, the session's
-// lock_timeout bounds the wait. Lock returned the server's bare "canceling
-// statement due to statement timeout" (and "... lock timeout"); it now
-// says which setting did it (internal/pgerr's hints), over pgx and
-// database/sql.
+// statement_timeout, lock_timeout or (PostgreSQL 17) transaction_timeout. A
+// blocking Lock carries a deadline of ctx as its own lock_timeout, but the
+// server's statement_timeout timer is armed before the statement runs, so a
+// statement_timeout shorter than the wait ends it whatever ctx allows;
+// without a deadline, the session's lock_timeout bounds the wait; a
+// transaction_timeout shorter than the wait ends its whole session. Lock
+// returned the server's bare "canceling statement due to statement
+// timeout" (and "... lock timeout", "terminating connection due to
+// transaction timeout"); it now says which setting did it (internal/pgerr's
+// hints), over pgx and database/sql.
 func TestRoleTimeoutsEndingAWaitAreNamed(t *testing.T) {
 	t.Parallel()
 	base := pgtest.URL(t)
@@ -28,14 +30,20 @@ func TestRoleTimeoutsEndingAWaitAreNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Unlock(context.Background()) })
-	cases := []struct {
+	type timeoutCase struct {
 		setting  string
 		deadline bool // the waiter's context has one
 		code     string
 		hint     string
-	}{
+	}
+	cases := []timeoutCase{
 		{"statement_timeout=300ms", true, pgerr.QueryCanceled, "statement_timeout"},
 		{"lock_timeout=200ms", false, pgerr.LockNotAvailable, "lock_timeout"},
+	}
+	if v := pgtest.ServerVersion(t, base); v >= 170000 {
+		cases = append(cases, timeoutCase{"transaction_timeout=300ms", true, pgerr.TransactionTimeout, "transaction_timeout"})
+	} else {
+		t.Logf("server %d has no transaction_timeout (PostgreSQL 17): that case runs on 17", v)
 	}
 	for _, c := range cases {
 		for _, driver := range []string{"pgx", "database/sql"} {

@@ -22,6 +22,7 @@ const (
 	LockNotAvailable       = "55P03" // lock_timeout expired
 	QueryCanceled          = "57014" // a cancel request or statement_timeout
 	AdminShutdown          = "57P01" // pg_terminate_backend or a server shutdown
+	TransactionTimeout     = "25P04" // transaction_timeout (PostgreSQL 17) ended the session
 	SerializationFailure   = "40001" // repeatable read or serializable: a concurrent update or dependency
 	DeadlockDetected       = "40P01"
 )
@@ -35,6 +36,7 @@ const (
 	HintLockTimeout = "the session's lock_timeout ended the wait"
 	HintCanceled    = "the server cancelled the statement: the session's statement_timeout (pgfence's waits need statement_timeout = 0, or above the longest wait), or a cancel request"
 	HintTerminated  = "the server ended the session (pg_terminate_backend or a shutdown)"
+	HintTxTimeout   = "the session's transaction_timeout ended the session (pgfence's waits need transaction_timeout = 0, or above the longest wait)"
 )
 
 // Code returns the SQLSTATE of the first *pgconn.PgError in err's chain,
@@ -62,6 +64,8 @@ func Hint(err error) string {
 		return HintCanceled
 	case AdminShutdown:
 		return HintTerminated
+	case TransactionTimeout:
+		return HintTxTimeout
 	}
 	return ""
 }

@@ -205,6 +205,26 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return PoolFor(t, URL(t))
 }
 
+// ServerVersion returns the server_version_num (170000 for 17.0) of the
+// server behind databaseURL: tests of a setting that only newer servers
+// have (transaction_timeout, 17) add their cases from it, and log when
+// they do not.
+func ServerVersion(t testing.TB, databaseURL string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", redact.ErrorFor(err, databaseURL))
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+		t.Fatalf("pgtest: server version: %v", err)
+	}
+	return v
+}
+
 // ExecModes are pgx's query exec modes, for tests that run a statement in
 // each (poolers need the modes without prepared statements, and pgx
 // encodes arguments differently in each).
