@@ -50,8 +50,11 @@ type Client struct {
 	shutdown      context.Context
 	beginShutdown context.CancelCauseFunc
 	wg            sync.WaitGroup
-	kick          chan struct{} // wakes the keepalive; buffered 1
-	hooks         hooks
+	// lingering counts statements left running when their contexts
+	// ended, and connections waiting for one to end: Close waits for them.
+	lingering *dbx.Lingering
+	kick      chan struct{} // wakes the keepalive; buffered 1
+	hooks     hooks
 
 	unregisterGauges func()
 
@@ -144,6 +147,9 @@ func configure(opts []Option, dbsql bool) (*Client, error) {
 // setQuerier sets the Client's statements to run over q.
 func (c *Client) setQuerier(q dbx.Querier) {
 	c.direct, c.q = q, serialQuerier{q: q, c: c}
+	if c.lingering = dbx.LingeringOf(q); c.lingering == nil {
+		c.lingering = new(dbx.Lingering)
+	}
 }
 
 // start starts the keepalive goroutine.
@@ -163,7 +169,10 @@ func (c *Client) start() {
 // (Acquire, TryAcquire, a semaphore's) is cut short as the end of its
 // context would, its call returning ErrClosed — unless its context never
 // ends: that one runs until the server answers, and is ended then if it
-// committed. Close blocks until they have.
+// committed. Close blocks until they have, and, within the release
+// timeout, until every statement of the Client whose context ended has
+// ended on its connection (a database/sql driver may not end one with its
+// context).
 // It does not close the pool. Safe to call more than once and concurrently;
 // later calls wait for the first and return its result.
 func (c *Client) Close() error {
@@ -195,9 +204,9 @@ func (c *Client) Close() error {
 		held = append(held, c.orphans...)
 		c.orphans = nil
 		c.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
+		defer cancel()
 		if len(held) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.releaseTimeout)
-			defer cancel()
 			failed, err := c.releaseBatch(ctx, fmt.Sprintf("close: release %d leases", len(held)), held)
 			c.closeErr = err
 			unreleased := leaseSet(failed)
@@ -208,6 +217,13 @@ func (c *Client) Close() error {
 				}
 			}
 			c.mu.Unlock()
+		}
+		// A statement whose context ended (cut short by the shutdown, as
+		// the keepalive's are, or by its caller's) may still run, on a
+		// connection of its own, if its driver does not end it with its
+		// context (lib/pq sends a cancel request and waits for the answer).
+		if n := c.lingering.Wait(ctx); n > 0 {
+			c.log.Warn("leases: closed with statements still running; their connections return to the pool when they end", "statements", n)
 		}
 	})
 	c.wg.Wait()

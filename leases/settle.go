@@ -67,7 +67,7 @@ func (c *Client) queryGrantPgx(ctx context.Context, query string, args []any, de
 		conn.Release()
 		return err
 	case running != nil:
-		go func() { <-running; dbx.Destroy(conn) }()
+		c.lingering.Go(func() { <-running; dbx.Destroy(conn) })
 	default:
 		dbx.Destroy(conn)
 	}
@@ -98,7 +98,7 @@ func (c *Client) queryGrantDB(ctx context.Context, query string, args []any, des
 		_ = sc.Close()
 		return err
 	case running != nil:
-		go func() { <-running; dbx.Discard(sc) }()
+		c.lingering.Go(func() { <-running; dbx.Discard(sc) })
 	default:
 		dbx.Discard(sc)
 	}

@@ -29,7 +29,10 @@ import (
 // returns; its results are dropped. Only a *sql.DB: a statement left
 // running on a pinned *sql.Conn or *sql.Tx would hold up the next one on
 // it anyway.
-type dbQuerier struct{ db *sql.DB }
+type dbQuerier struct {
+	db        *sql.DB
+	lingering *Lingering // its statements left running
+}
 
 // conn returns a connection of q's own for one statement, adapted, and
 // the function that gives it back.
@@ -54,18 +57,25 @@ type outcome[T any] struct {
 	err error
 }
 
-// bounded runs f in a goroutine of its own and returns its outcome, or
-// ctx's error once ctx ends first; then drop receives the outcome when f
-// returns, to release what it holds.
-func bounded[T any](ctx context.Context, f func() (T, error), drop func(T)) (T, error) {
+// bounded runs f in a goroutine of its own, counted in g, and returns its
+// outcome, or ctx's error once ctx ends first; then drop receives the
+// outcome when f returns, to release what it holds, in the same goroutine.
+func bounded[T any](ctx context.Context, g *Lingering, f func() (T, error), drop func(T)) (T, error) {
 	if ctx.Done() == nil { // it never ends
 		return f()
 	}
-	done := make(chan outcome[T], 1)
-	go func() {
+	done := make(chan outcome[T])
+	left := make(chan struct{}) // closed when the caller has returned without the outcome
+	g.Go(func() {
 		v, err := f()
-		done <- outcome[T]{v, err}
-	}()
+		select {
+		case done <- outcome[T]{v, err}:
+		case <-left:
+			if drop != nil {
+				drop(v)
+			}
+		}
+	})
 	select {
 	case o := <-done:
 		return o.v, o.err
@@ -75,11 +85,7 @@ func bounded[T any](ctx context.Context, f func() (T, error), drop func(T)) (T, 
 			return o.v, o.err
 		default:
 		}
-		go func() {
-			if o := <-done; drop != nil {
-				drop(o.v)
-			}
-		}()
+		close(left)
 		var zero T
 		return zero, ctx.Err()
 	}
@@ -112,7 +118,7 @@ func (q dbQuerier) Query(ctx context.Context, query string, args ...any) (pgx.Ro
 	if err != nil {
 		return nil, err
 	}
-	return bounded(ctx, func() (pgx.Rows, error) {
+	return bounded(ctx, q.lingering, func() (pgx.Rows, error) {
 		sq, done, err := q.conn(ctx)
 		if err != nil {
 			return nil, err
@@ -137,7 +143,7 @@ func (q dbQuerier) Exec(ctx context.Context, query string, args ...any) (pgconn.
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return bounded(ctx, func() (pgconn.CommandTag, error) {
+	return bounded(ctx, q.lingering, func() (pgconn.CommandTag, error) {
 		sq, done, err := q.conn(ctx)
 		if err != nil {
 			return pgconn.CommandTag{}, err
@@ -171,7 +177,7 @@ func (r boundedRow) Scan(dest ...any) error {
 			tmp[i] = reflect.New(reflect.TypeOf(d).Elem()).Interface()
 		}
 	}
-	_, err = bounded(r.ctx, func() (struct{}, error) { return struct{}{}, r.scan(args, tmp) }, nil)
+	_, err = bounded(r.ctx, r.q.lingering, func() (struct{}, error) { return struct{}{}, r.scan(args, tmp) }, nil)
 	if err != nil {
 		return err
 	}

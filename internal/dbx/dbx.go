@@ -42,10 +42,10 @@ func BackendPID(ctx context.Context, q Querier) (uint32, error) {
 // SQL returns h as a Querier. Over a *sql.DB each statement runs on a
 // connection of its own, which database/sql never sends it again on, and
 // returns when its context ends, whether or not the driver ends it
-// (dbQuerier).
+// (dbQuerier); LingeringOf counts those left running.
 func SQL(h Handle) Querier {
 	if db, ok := h.(*sql.DB); ok {
-		return dbQuerier{db}
+		return dbQuerier{db, new(Lingering)}
 	}
 	return sqlQuerier{h}
 }
