@@ -31,6 +31,9 @@ const (
 	// transaction: consecutive statements of one client may run on
 	// different server sessions.
 	TransactionPooling PoolMode = "transaction"
+	// StatementPooling hands the server connection back after every
+	// statement, and refuses transactions that span more than one.
+	StatementPooling PoolMode = "statement"
 )
 
 // PgBouncer is a PgBouncer process owned by the caller, in front of one
@@ -90,8 +93,8 @@ func findPgBouncer() (string, error) {
 // nobody): it refuses to run as root. It receives SIGTERM if the calling
 // process dies. The caller owns it and must Close it.
 func NewPgBouncer(serverURL string, mode PoolMode, opts ...BouncerOption) (*PgBouncer, error) {
-	if mode != SessionPooling && mode != TransactionPooling {
-		return nil, fmt.Errorf("pgcluster: pool mode must be %q or %q, got %q", SessionPooling, TransactionPooling, mode)
+	if mode != SessionPooling && mode != TransactionPooling && mode != StatementPooling {
+		return nil, fmt.Errorf("pgcluster: pool mode must be %q, %q or %q, got %q", SessionPooling, TransactionPooling, StatementPooling, mode)
 	}
 	bin, err := findPgBouncer()
 	if err != nil {

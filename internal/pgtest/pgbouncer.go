@@ -21,6 +21,7 @@ type (
 const (
 	SessionPooling     = pgcluster.SessionPooling
 	TransactionPooling = pgcluster.TransactionPooling
+	StatementPooling   = pgcluster.StatementPooling
 )
 
 // WithBouncerSetting sets a line of pgbouncer.ini, for example
