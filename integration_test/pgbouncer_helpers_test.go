@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/leases"
 )
 
 // bouncer starts a PgBouncer in mode in front of the server of u (a test
@@ -128,5 +130,23 @@ func (tr *advisoryLockTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, 
 func (tr *advisoryLockTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
 	if ctx.Value(lockStatementKey{}) != nil && data.Err == nil {
 		tr.onLocked()
+	}
+}
+
+// mustRenewPastExpiry waits until the database clock is a second past l's
+// expiry as it is now, and fails t unless the keepalive has renewed l
+// meanwhile: its row still live, under l's owner and fence, and l not lost.
+func mustRenewPastExpiry(t *testing.T, ctx context.Context, direct *pgxpool.Pool, l *leases.Lease) {
+	t.Helper()
+	expiry := l.ExpiresAt()
+	mustWait(t, 20*time.Second, "the database clock to pass the lease's expiry by a second", func() (bool, error) {
+		var past bool
+		err := direct.QueryRow(ctx, "SELECT clock_timestamp() > $1", expiry.Add(time.Second)).Scan(&past)
+		return past, err
+	})
+	row, ok, err := readLease(ctx, direct, l.Name())
+	if err != nil || !ok || !row.live() || row.Owner != l.Owner() || row.Fence != l.Fence() || l.Err() != nil {
+		t.Fatalf("a second past the expiry of %v: row %+v (found %v, %v), lease err %v; want it renewed by the keepalive",
+			expiry, row, ok, err, l.Err())
 	}
 }

@@ -60,17 +60,7 @@ func TestPgBouncerTransactionLeases(t *testing.T) {
 	}
 	// The keepalive (every TTL/3) must carry the lease well past the expiry
 	// of its last explicit renewal, by the database clock.
-	expiry := la.ExpiresAt()
-	mustWait(t, 20*time.Second, "the database clock to pass the renewed expiry by a second", func() (bool, error) {
-		var past bool
-		err := direct.QueryRow(ctx, "SELECT clock_timestamp() > $1", expiry.Add(time.Second)).Scan(&past)
-		return past, err
-	})
-	row, ok, err := readLease(ctx, direct, "job")
-	if err != nil || !ok || !row.live() || row.Owner != la.Owner() || row.Fence != la.Fence() || la.Context().Err() != nil {
-		t.Fatalf("after 1s past the renewed expiry: row %+v (found %v, %v), lease ctx %v; want held by %s fence %d",
-			row, ok, err, context.Cause(la.Context()), la.Owner(), la.Fence())
-	}
+	mustRenewPastExpiry(t, ctx, direct, la)
 
 	got := make(chan *leases.Lease, 1)
 	errc := make(chan error, 1)
