@@ -584,3 +584,75 @@ func TestMetricsLockAll(t *testing.T) {
 	}
 	assertIdle(t, pool)
 }
+
+// TestLockAllBeyondTheLockTable (scenario: a set larger than what is left
+// of PostgreSQL's shared lock table — max_locks_per_transaction ×
+// (max_connections + max_prepared_transactions) slots, with some slack,
+// shared by every session's locks). The acquire fails with SQLSTATE 53200
+// ("out of shared memory") and takes nothing, over LockAll, TryLockAll and
+// XactLockAll; a lock is granted after it. Its error quotes the set's first
+// names only: it quoted every one, 440 KB for 50,000 names. A cluster of
+// its own: filling the lock table fails other tests' locks meanwhile.
+func TestLockAllBeyondTheLockTable(t *testing.T) {
+	t.Parallel()
+	c := pgtest.StartCluster(t, pgtest.WithSetting("max_connections", "20"), pgtest.WithSetting("max_locks_per_transaction", "10"))
+	pool := newPool(t, c.URL("postgres"), 4)
+	l := newLocker(t, pool)
+	ctx := testContext(t)
+	var slots int
+	if err := pool.QueryRow(ctx, `SELECT current_setting('max_locks_per_transaction')::int
+  * (current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int)`).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 20*slots) // far past the slack: this cluster (200 slots) held 500 names, not 1,000
+	for i := range names {
+		names[i] = fmt.Sprintf("n%d", i)
+	}
+	for _, op := range []struct {
+		name string
+		call func() error
+	}{
+		{"LockAll", func() error {
+			lk, err := l.LockAll(ctx, names...)
+			if err == nil {
+				_ = lk.Unlock(ctx)
+			}
+			return err
+		}},
+		{"TryLockAll", func() error {
+			lk, err := l.TryLockAll(ctx, names...)
+			if err == nil {
+				_ = lk.Unlock(ctx)
+			}
+			return err
+		}},
+		{"XactLockAll", func() error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			return XactLockAll(ctx, tx, names...)
+		}},
+	} {
+		err := op.call()
+		if pgerr.Code(err) != "53200" {
+			t.Fatalf("%s of %d names (lock table %d slots): %.300v; want SQLSTATE 53200", op.name, len(names), slots, err)
+		}
+		if msg := err.Error(); len(msg) > 1000 || !strings.Contains(msg, fmt.Sprintf("and %d more", len(names)-maxErrNames)) {
+			t.Errorf("%s: the error (%d bytes) does not stop at %d names: %.300s", op.name, len(msg), maxErrNames, msg)
+		}
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&n); err != nil || n != 0 {
+			t.Errorf("after %s failed: %d advisory locks held, %v; want none", op.name, n, err)
+		}
+	}
+	lk, err := l.Lock(ctx, "after")
+	if err != nil {
+		t.Fatalf("Lock after the failed sets: %v", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertIdle(t, pool)
+}

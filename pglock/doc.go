@@ -56,6 +56,12 @@
 // on its session, which is then destroyed (session scope) or must be
 // rolled back (transaction scope).
 //
+// Each name held takes a slot of PostgreSQL's shared lock table, which
+// every session's locks share: max_locks_per_transaction ×
+// (max_connections + max_prepared_transactions) slots, and some slack. A
+// set larger than what is left fails with SQLSTATE 53200 ("out of shared
+// memory") and takes nothing; its error quotes its first names only.
+//
 // No deadlock, with one rule: ask for all the locks you need at once, and
 // ask for none while you hold one. Every call that waits then holds only
 // keys below the one it waits for, so no circle of waiters can form,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,11 +53,33 @@ type opError struct {
 }
 
 func (e *opError) Error() string {
-	var what any = e.names
-	if len(e.names) == 1 {
-		what = e.names[0]
+	return fmt.Sprintf("pglock: %s %s: %s", e.op, quoteNames(e.names), strings.TrimPrefix(e.err.Error(), "pglock: "))
+}
+
+// maxErrNames is how many of a set's names an error quotes: a set of
+// thousands made a message of hundreds of kilobytes.
+const maxErrNames = 5
+
+// quoteNames quotes one name as it is, and a set as ["a" "b" …], its first
+// maxErrNames names followed by how many more there are.
+func quoteNames(names []string) string {
+	if len(names) == 1 {
+		return strconv.Quote(names[0])
 	}
-	return fmt.Sprintf("pglock: %s %q: %s", e.op, what, strings.TrimPrefix(e.err.Error(), "pglock: "))
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		if i == maxErrNames {
+			fmt.Fprintf(&b, "and %d more", len(names)-i)
+			break
+		}
+		b.WriteString(strconv.Quote(n))
+	}
+	b.WriteByte(']')
+	return b.String()
 }
 
 func (e *opError) Unwrap() error { return e.err }

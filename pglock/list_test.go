@@ -146,6 +146,8 @@ func TestErrorTextComposes(t *testing.T) {
 		{opErr("lock", "x", ErrStandby), `pglock: lock "x": server is a standby (in recovery)`},
 		{opErr("lock", "x", ErrPooler), `pglock: lock "x": transaction-mode pooler`},
 		{opErr("lock", "x", errors.New("pgx says no")), `pglock: lock "x": pgx says no`},
+		{lockSet{names: []string{"a", "b"}}.opErr("lock all", ErrStandby), `pglock: lock all ["a" "b"]: server is a standby (in recovery)`},
+		{lockSet{names: []string{"1", "2", "3", "4", "5", "6", "7"}}.opErr("lock all", ErrStandby), `pglock: lock all ["1" "2" "3" "4" "5" and 2 more]: server is a standby (in recovery)`},
 		{&HeldError{Name: "x"}, `pglock: lock "x" held by another session`},
 	} {
 		if c.err == nil || c.err.Error() != c.want {
