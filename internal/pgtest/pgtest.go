@@ -205,24 +205,32 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return PoolFor(t, URL(t))
 }
 
-// ServerVersion returns the server_version_num (170000 for 17.0) of the
-// server behind databaseURL: tests of a setting that only newer servers
-// have (transaction_timeout, 17) add their cases from it, and log when
-// they do not.
-func ServerVersion(t testing.TB, databaseURL string) int {
+// HasSetting reports whether the test server has the parameter name — one
+// only newer releases have (transaction_timeout, PostgreSQL 17) — and logs
+// when it does not, so that a test that adds cases for it says what it
+// left out.
+func HasSetting(t testing.TB, name string) bool {
 	t.Helper()
+	s := provision(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, databaseURL)
+	conn, err := pgx.Connect(ctx, s.adminURL)
 	if err != nil {
-		t.Fatalf("pgtest: connect: %v", redact.ErrorFor(err, databaseURL))
+		t.Fatalf("pgtest: connect to %s: %v", s.source, redact.ErrorFor(err, s.adminURL))
 	}
 	defer func() { _ = conn.Close(ctx) }()
-	var v int
-	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
-		t.Fatalf("pgtest: server version: %v", err)
+	var (
+		has     bool
+		version string
+	)
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_settings WHERE name = $1), current_setting('server_version')`,
+		name).Scan(&has, &version); err != nil {
+		t.Fatalf("pgtest: look for setting %s: %v", name, err)
 	}
-	return v
+	if !has {
+		t.Logf("the test server (PostgreSQL %s) has no setting %s: what needs it runs on a server that has it", version, name)
+	}
+	return has
 }
 
 // ExecModes are pgx's query exec modes, for tests that run a statement in
