@@ -147,10 +147,10 @@
 // the same Client wakes the head directly. A waiter also wakes just after
 // the holder's expires_at (computed by the server as a remaining duration),
 // and polls at WithPollInterval (jittered), backing off from 50ms while no
-// listener works. Behind a transaction-mode pooler LISTEN succeeds but
-// notifications never arrive: after LISTEN the listener sends itself a
-// probe NOTIFY from another connection, and if the probe does not come
-// back within 2s it logs that once at Info, stops, and waiters poll.
+// listener works. Behind a pooler in transaction or statement mode LISTEN
+// succeeds but notifications never arrive: after LISTEN the listener sends
+// itself a probe NOTIFY from another connection, and if the probe does not
+// come back within 2s it logs that once at Info, stops, and waiters poll.
 //
 // # Requested hand-over
 //

@@ -110,7 +110,7 @@ func (c *Client) listen() {
 		}
 		if errors.Is(err, errNoNotifications) {
 			// Leave c.listening set: no listener starts again.
-			c.log.Info("leases: notifications do not reach this client (a transaction-mode pooler such as PgBouncer?); waiters poll from now on",
+			c.log.Info("leases: notifications do not reach this client (a pooler in transaction or statement mode, such as PgBouncer?); waiters poll from now on",
 				"poll_interval", c.cfg.pollInterval)
 			return
 		}
