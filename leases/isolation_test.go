@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/slogtest"
 )
 
 // A role or database may default to REPEATABLE READ or SERIALIZABLE
@@ -35,7 +36,7 @@ func TestNonDefaultIsolation(t *testing.T) {
 		for _, driver := range []string{"pgx", "database/sql"} {
 			t.Run(level+"/"+driver, func(t *testing.T) {
 				t.Parallel()
-				var logs syncBuffer
+				var logs slogtest.Buffer
 				cs := make([]*Client, 3)
 				for i := range cs {
 					cs[i] = isolationClient(t, u, driver, level,

@@ -1,13 +1,11 @@
 package leases
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/slogtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -330,7 +329,7 @@ func TestCancelledGrantUnanswered(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			url, admin, ctx := standbyDown(t)
-			var logs syncBuffer
+			var logs slogtest.Buffer
 			const wait = 3 * time.Second
 			c := newClient(t, pgtest.PoolFor(t, url), WithReleaseTimeout(wait),
 				WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -364,24 +363,6 @@ func TestCancelledGrantUnanswered(t *testing.T) {
 			pgtest.WaitFor(t, testTimeout, "the grant's statement to end", func() bool { return grantRunning(t, ctx, admin, "") == 0 })
 		})
 	}
-}
-
-// syncBuffer is a log destination safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestSettled: the outcome of a grant whose context ended while it ran is

@@ -1,5 +1,6 @@
-// Package slogtest has slog handlers for tests of what the libraries do
-// when the application's log handler misbehaves.
+// Package slogtest has log destinations for tests: a Buffer safe for
+// concurrent use, and handlers that misbehave as an application's might,
+// for tests of what the libraries do then.
 package slogtest
 
 import (
