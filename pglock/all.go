@@ -26,14 +26,15 @@ import (
 // key then name, and their distinct keys in ascending order, the order
 // they are taken in. Two names may share a key: both are then held by it.
 type lockSet struct {
-	names []string
-	keys  []int64
-	label string // the names joined by ", ": Name(), logs and metrics
+	names   []string
+	keys    []int64
+	label   string // the names joined by ", ": Name()
+	logName string // label cut after maxErrNames names: logs and metrics
 }
 
 // oneName is the set of the single, already validated, name.
 func oneName(name string) lockSet {
-	return lockSet{names: []string{name}, keys: []int64{Key(name)}, label: name}
+	return lockSet{names: []string{name}, keys: []int64{Key(name)}, label: name, logName: name}
 }
 
 // newSet validates names and orders them into a set. An empty list and an
@@ -67,6 +68,10 @@ func newSetKeyed(names []string, key func(string) int64) (lockSet, error) {
 		}
 	}
 	s.label = strings.Join(s.names, ", ")
+	s.logName = s.label
+	if n := len(s.names); n > maxErrNames {
+		s.logName = fmt.Sprintf("%s, and %d more", strings.Join(s.names[:maxErrNames], ", "), n-maxErrNames)
+	}
 	return s, nil
 }
 

@@ -73,7 +73,7 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	start := time.Now()
 	sc, err := l.db.Conn(ctx)
 	if err != nil {
-		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, fmt.Errorf("acquire connection: %w", err))
 	}
 	q := dbx.SQL(sc)
@@ -85,22 +85,22 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	if m.try {
 		pid, taken, err = try(ctx, q, s.keys, m.shared, 0)
 	} else {
-		pid, abandoned, err = l.waitDB(ctx, sc, s.keys, m.shared, s.label)
+		pid, abandoned, err = l.waitDB(ctx, sc, s.keys, m.shared, s.logName)
 	}
 	switch {
 	case abandoned:
-		l.tel.waitFailed(ctx, s.label, m, waitCanceled, start)
+		l.tel.waitFailed(ctx, s.logName, m, waitCanceled, start)
 		return nil, s.opErr(m.op, ctx.Err())
 	case errors.Is(err, sql.ErrNoRows):
 		_ = sc.Close()
-		l.tel.waitFailed(ctx, s.label, m, waitError, start)
+		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
 	case err != nil:
-		l.discard(sc, s.label, pid, "acquire failed")
-		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+		l.discard(sc, s.logName, pid, "acquire failed")
+		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, ctxFirst(ctx, err))
 	case taken < len(s.keys):
-		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
+		l.tel.waitFailed(ctx, s.logName, m, waitLocked, start)
 		herr := refusal(ctx, q, s, taken, m.op)
 		_ = sc.Close()
 		return nil, herr
@@ -223,7 +223,7 @@ func (lk *Lock) monitorDB() {
 			lk.sc = nil
 			go func() {
 				<-pinged
-				lk.l.discard(sc, lk.label, lk.pid, "lock lost")
+				lk.l.discard(sc, lk.logName, lk.pid, "lock lost")
 			}()
 			end := lk.l.tel.lost(lk, lostLivenessFailed) // before the context ends, logged after it
 			lk.cancel(ErrLost)

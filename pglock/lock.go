@@ -94,8 +94,9 @@ var nilLock = func() context.Context {
 }()
 
 // Name returns the lock's name. For a Lock of several names (LockAll,
-// TryLockAll) it returns Names joined by ", ": a label for logs and
-// messages, not a name to lock.
+// TryLockAll) it returns Names joined by ", ": a label, not a name to
+// lock. Its log records, errors and metrics name a set of more than five
+// by its first five names and how many more.
 func (lk *Lock) Name() string {
 	if lk == nil {
 		return ""
@@ -197,7 +198,7 @@ func (lk *Lock) unlock(ctx context.Context) error {
 		lk.drop()
 		end := lk.l.tel.unlocked(lk)
 		lk.cancel(ErrUnlocked)
-		lk.l.tel.destroyed(lk.label, lk.pid, "unlock failed")
+		lk.l.tel.destroyed(lk.logName, lk.pid, "unlock failed")
 		lk.l.tel.logUnlocked(lk, end)
 		return lk.opErr("unlock", err) // the connection was closed, which released the lock
 	case !released:
@@ -224,7 +225,7 @@ func (lk *Lock) loseAt(why string, cause lostCause, err error) {
 	lk.drop()
 	end := lk.l.tel.lost(lk, cause) // before the context ends: whoever sees Done sees the metrics
 	lk.cancel(ErrLost)
-	lk.l.tel.destroyed(lk.label, lk.pid, why)
+	lk.l.tel.destroyed(lk.logName, lk.pid, why)
 	lk.l.tel.logLost(lk, cause, err, end)
 }
 

@@ -145,7 +145,7 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	start := time.Now()
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, fmt.Errorf("acquire connection: %w", err))
 	}
 	var (
@@ -165,22 +165,22 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 	case abandoned:
 		// ctx ended during the wait, and the server has ended it (see
 		// wait). Even a grant that raced the cancellation is given up.
-		l.destroy(conn, s.label, "wait abandoned")
-		l.tel.waitFailed(ctx, s.label, m, waitCanceled, start)
+		l.destroy(conn, s.logName, "wait abandoned")
+		l.tel.waitFailed(ctx, s.logName, m, waitCanceled, start)
 		return nil, s.opErr(m.op, ctx.Err())
 	case errors.Is(err, pgx.ErrNoRows):
 		// A standby: the lock function never ran, the session holds nothing.
 		conn.Release()
-		l.tel.waitFailed(ctx, s.label, m, waitError, start)
+		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
 	case err != nil:
 		// The statement may have been granted as it failed: the lock
 		// state of this session is unknown, so the session goes.
-		l.destroy(conn, s.label, "acquire failed")
-		l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+		l.destroy(conn, s.logName, "acquire failed")
+		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, ctxFirst(ctx, err))
 	case taken < len(s.keys):
-		l.tel.waitFailed(ctx, s.label, m, waitLocked, start)
+		l.tel.waitFailed(ctx, s.logName, m, waitLocked, start)
 		herr := refusal(ctx, conn, s, taken, m.op) // the statement gave the names back
 		conn.Release()
 		return nil, herr
@@ -202,8 +202,8 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 			// longer reach (a transaction-mode pooler: ErrPooler), or the
 			// check failed: either way the lock state is in doubt, so the
 			// session goes.
-			l.destroy(conn, s.label, "session check failed")
-			l.tel.waitFailed(ctx, s.label, m, waitOutcomeOf(ctx), start)
+			l.destroy(conn, s.logName, "session check failed")
+			l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 			return nil, s.opErr(m.op, err)
 		}
 	}

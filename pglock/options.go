@@ -134,7 +134,8 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 }
 
 // WithNameAttribute adds the lock's name as the attribute "name" to every
-// measurement when on. Default off: each distinct name becomes a separate
+// measurement when on (a set of more than five names: its first five and
+// how many more). Default off: each distinct name becomes a separate
 // time series in the metrics backend, so turn it on only when the set of
 // names is small and fixed (not names containing ids).
 func WithNameAttribute(on bool) Option {

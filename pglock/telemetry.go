@@ -22,10 +22,10 @@ func (t *telemetry) waitFailed(ctx context.Context, name string, md mode, o wait
 
 // acquired records the grant of lk, asked for at start.
 func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.Time) {
-	t.m.recordWait(ctx, lk.label, md, waitAcquired, start, lk.since)
+	t.m.recordWait(ctx, lk.logName, md, waitAcquired, start, lk.since)
 	t.m.recordHeld(lk.shared, 1)
 	if t.log.Enabled(ctx, slog.LevelDebug) {
-		t.log.Debug("pglock: lock acquired", slog.String("name", lk.label), lk.keyAttr(),
+		t.log.Debug("pglock: lock acquired", slog.String("name", lk.logName), lk.keyAttr(),
 			slog.String("mode", modeName(lk.shared)), slog.Uint64("pid", uint64(lk.pid)),
 			slog.Duration("waited", lk.since.Sub(start)))
 	}
@@ -37,14 +37,14 @@ func (t *telemetry) acquired(ctx context.Context, lk *Lock, md mode, start time.
 func (t *telemetry) unlocked(lk *Lock) time.Time {
 	now := time.Now()
 	t.m.recordHeld(lk.shared, -1)
-	t.m.recordHold(lk.label, lk.shared, false, lk.since, now)
+	t.m.recordHold(lk.logName, lk.shared, false, lk.since, now)
 	return now
 }
 
 // logUnlocked logs the end of lk's hold by Unlock at end.
 func (t *telemetry) logUnlocked(lk *Lock, end time.Time) {
 	if t.log.Enabled(context.Background(), slog.LevelDebug) {
-		t.log.Debug("pglock: lock released", slog.String("name", lk.label), lk.keyAttr(),
+		t.log.Debug("pglock: lock released", slog.String("name", lk.logName), lk.keyAttr(),
 			slog.String("mode", modeName(lk.shared)), slog.Duration("held", end.Sub(lk.since)))
 	}
 }
@@ -53,7 +53,7 @@ func (t *telemetry) logUnlocked(lk *Lock, end time.Time) {
 // connection was destroyed, which released the lock.
 func (t *telemetry) unlockFailed(lk *Lock, err error) {
 	t.log.Warn("pglock: unlock failed; its connection was closed, which released the lock",
-		slog.String("name", lk.label), lk.keyAttr(), slog.Any("err", err))
+		slog.String("name", lk.logName), lk.keyAttr(), slog.Any("err", err))
 }
 
 // lost records the end of lk's hold by loss, for reason why, and returns
@@ -64,8 +64,8 @@ func (t *telemetry) unlockFailed(lk *Lock, err error) {
 func (t *telemetry) lost(lk *Lock, why lostCause) time.Time {
 	now := time.Now()
 	t.m.recordHeld(lk.shared, -1)
-	t.m.recordHold(lk.label, lk.shared, true, lk.since, now)
-	t.m.recordLost(lk.label, lk.shared, why)
+	t.m.recordHold(lk.logName, lk.shared, true, lk.since, now)
+	t.m.recordLost(lk.logName, lk.shared, why)
 	return now
 }
 
@@ -73,7 +73,7 @@ func (t *telemetry) lost(lk *Lock, why lostCause) time.Time {
 // what showed it).
 func (t *telemetry) logLost(lk *Lock, why lostCause, err error, end time.Time) {
 	attrs := []any{
-		slog.String("name", lk.label), lk.keyAttr(), slog.Uint64("pid", uint64(lk.pid)),
+		slog.String("name", lk.logName), lk.keyAttr(), slog.Uint64("pid", uint64(lk.pid)),
 		slog.String("cause", lostCauseNames[why]), slog.Duration("held", end.Sub(lk.since)),
 	}
 	if err != nil {
@@ -95,10 +95,10 @@ func (t *telemetry) destroyed(name string, pid uint32, why string) {
 }
 
 // keyAttr is the log attribute of the set's keys: key for one, keys for
-// several.
+// several (the first maxErrNames of a larger set, as its logName).
 func (s lockSet) keyAttr() slog.Attr {
 	if len(s.keys) == 1 {
 		return slog.Int64("key", s.keys[0])
 	}
-	return slog.Any("keys", s.keys)
+	return slog.Any("keys", s.keys[:min(len(s.keys), maxErrNames)])
 }
