@@ -60,7 +60,9 @@
 // every session's locks share: max_locks_per_transaction ×
 // (max_connections + max_prepared_transactions) slots, and some slack. A
 // set larger than what is left fails with SQLSTATE 53200 ("out of shared
-// memory") and takes nothing; its error quotes its first names only.
+// memory") and keeps nothing: in session scope the server frees what it
+// took as the destroyed session exits, just after the call returns. Its
+// error quotes its first names only.
 //
 // No deadlock, with one rule: ask for all the locks you need at once, and
 // ask for none while you hold one. Every call that waits then holds only
