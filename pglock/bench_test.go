@@ -2,13 +2,16 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -92,4 +95,59 @@ func rawTryLockUnlock(ctx context.Context, pool *pgxpool.Pool, name string) erro
 		return fmt.Errorf("unlock of %q returned false", name)
 	}
 	return nil
+}
+
+// BenchmarkRefusedWait: a Lock whose 5ms deadline passes while another
+// session holds the name, beside the same wait by hand on the pool
+// (pg_advisory_lock under SET LOCAL lock_timeout = '5ms', in a
+// transaction). It reports the connections each wait opened: none since a
+// wait the server refused keeps its session (it destroyed it before).
+func BenchmarkRefusedWait(b *testing.B) {
+	pool := newPool(b, pgtest.URL(b), 4)
+	l := newLocker(b, pool)
+	ctx := context.Background()
+	holder, err := newLocker(b, newPool(b, pool.Config().ConnString(), 2)).Lock(ctx, "held")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = holder.Unlock(ctx) })
+	for _, p := range []struct {
+		name string
+		op   func() error
+	}{
+		{"pgfence", func() error {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+			defer cancel()
+			_, err := l.Lock(wctx, "held")
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("Lock = %v, want its deadline", err)
+			}
+			return nil
+		}},
+		{"raw", func() error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5ms'`); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, Key("held"))
+			if pgerr.Code(err) != pgerr.LockNotAvailable {
+				return fmt.Errorf("raw wait = %v, want SQLSTATE 55P03", err)
+			}
+			return nil
+		}},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			opened := pool.Stat().NewConnsCount()
+			for b.Loop() {
+				if err := p.op(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(pool.Stat().NewConnsCount()-opened)/float64(b.N), "conns/op")
+		})
+	}
 }

@@ -95,6 +95,10 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		_ = sc.Close()
 		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
+	case err != nil && keep(s, err, false, 'I'): // a server's error: the session is open, outside a transaction
+		_ = sc.Close()
+		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
+		return nil, s.opErr(m.op, ctxFirst(ctx, err))
 	case err != nil:
 		l.discard(sc, s.logName, pid, "acquire failed")
 		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
@@ -129,9 +133,10 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	stmtCtx, cancelStmt := context.WithCancel(context.WithoutCancel(ctx))
 	finished := make(chan struct{})
 	cleaned := make(chan struct{})
+	var bySelf bool // written before cleaned closes
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cleaned)
-		l.abandon(waiter{
+		bySelf = l.abandon(waiter{
 			pid:      backend,
 			keys:     keys,
 			byServer: timeout != nil && errors.Is(ctx.Err(), context.DeadlineExceeded),
@@ -171,6 +176,9 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	}
 	if !stop() {
 		<-cleaned
+		if bySelf && refused(err) && len(keys) == 1 {
+			return backend, false, err // see wait
+		}
 		l.discard(sc, label, backend, "wait abandoned")
 		return backend, true, err
 	}

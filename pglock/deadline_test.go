@@ -2,10 +2,18 @@ package pglock
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // lateAfterFuncs is a context that ends with its parent but whose
@@ -95,4 +103,96 @@ func TestCtxFirst(t *testing.T) {
 	if got := ctxFirst(cancelled, bad); !errors.Is(got, why) || !errors.Is(got, bad) {
 		t.Errorf("ctxFirst(cancelled with a cause, err) = %v, want the cause in its chain", got)
 	}
+}
+
+// TestRefusedWaitKeepsItsConnection (scenario: a service takes a lock with
+// a deadline, and the holder keeps it past the deadline; or the role's
+// lock_timeout ends the wait). The server ends such a wait by itself and
+// grants nothing, so the session's state is certain and it goes back to
+// the pool: ten refused waits open no connection. They each opened one,
+// connecting and forking a backend per timed-out Lock. Waits abandoned any
+// other way (a cancelled ctx: a cancel request that could reach the next
+// statement) and sets (the keys before the refused one are held) still
+// destroy theirs; pooledCases checks the kept sessions hold nothing.
+func TestRefusedWaitKeepsItsConnection(t *testing.T) {
+	t.Parallel()
+	const waits = 10
+	u := pgtest.URL(t)
+	roleTimeout := pgtest.WithSettings(u, "lock_timeout=50ms")
+	for _, c := range []struct {
+		name     string
+		url      string
+		deadline bool
+	}{
+		{"deadline", u, true},
+		{"role's lock_timeout", roleTimeout, false},
+	} {
+		for _, driver := range []string{"pgx", "database/sql"} {
+			t.Run(c.name+"/"+driver, func(t *testing.T) {
+				t.Parallel()
+				ctx := testContext(t)
+				name := "held/" + t.Name() // the subtests share the database
+				holder, err := newLocker(t, newPool(t, u, 2)).Lock(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() { _ = holder.Unlock(ctx) }()
+				pool := newPool(t, c.url, 4)
+				l, opened := newLocker(t, pool), func() int64 { return pool.Stat().NewConnsCount() }
+				if driver == "database/sql" {
+					var connects atomic.Int64
+					db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), &connects})
+					t.Cleanup(func() { _ = db.Close() })
+					if l, err = NewDB(db); err != nil {
+						t.Fatal(err)
+					}
+					opened = connects.Load
+				}
+				for i := range waits {
+					wctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+					if c.deadline {
+						wctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+					}
+					_, err := l.Lock(wctx, name)
+					cancel()
+					want := error(context.DeadlineExceeded)
+					if !c.deadline {
+						want = nil
+						if pgerr.Code(err) != pgerr.LockNotAvailable {
+							t.Fatalf("wait %d: Lock = %v (%s), want SQLSTATE 55P03", i, err, pgerr.Code(err))
+						}
+					}
+					if want != nil && !errors.Is(err, want) {
+						t.Fatalf("wait %d: Lock = %v, want %v", i, err, want)
+					}
+				}
+				// The first wait opens the connection the others reuse (and
+				// over database/sql the wait's clean-up may open one more).
+				if n := opened(); n > 2 {
+					t.Errorf("%d refused waits opened %d connections, want at most 2", waits, n)
+				}
+				if err := holder.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+				lk, err := l.Lock(ctx, name)
+				if err != nil {
+					t.Fatalf("Lock once free: %v", err)
+				}
+				if err := lk.Unlock(ctx); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+// countingConnector counts the connections database/sql opens.
+type countingConnector struct {
+	driver.Connector
+	n *atomic.Int64
+}
+
+func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c.n.Add(1)
+	return c.Connector.Connect(ctx)
 }

@@ -101,12 +101,17 @@
 // Close waits for every pinned connection, so Unlock every Lock (or use Do).
 //
 // The connection-destroy rule: a connection goes back to the pool only when
-// its lock state is certain — after a TryLock that PostgreSQL refused, or an
-// unlock that PostgreSQL confirmed (pg_advisory_unlock returned true).
-// Whenever the state is in doubt — an acquire that failed or was abandoned
-// (PostgreSQL may grant the lock at the very moment the client gives up), an
-// unlock that failed or returned false, a failed liveness check — the
-// connection is taken out of the pool and closed. Closing the session
+// its lock state is certain — after a TryLock that PostgreSQL refused, an
+// unlock that PostgreSQL confirmed (pg_advisory_unlock returned true), or a
+// wait for one name that the server itself ended without a grant (its
+// lock_timeout, which carries ctx's deadline, a deadlock, a full lock
+// table) before pglock sent anything to end it. Whenever the state is in
+// doubt — any other acquire that failed or was abandoned (PostgreSQL may
+// grant the lock at the very moment the client gives up; a cancel request
+// may arrive after the statement it was meant for), a set's wait (it holds
+// the names before the refused one), an unlock that failed or returned
+// false, a failed liveness check — the connection is taken out of the pool
+// and closed. Closing the session
 // releases every session lock it held, so a lock is never left behind on a
 // pooled connection for the next borrower to hold unknowingly.
 //

@@ -173,6 +173,10 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		conn.Release()
 		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
+	case err != nil && keep(s, err, pg.IsClosed(), pg.TxStatus()):
+		conn.Release()
+		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
+		return nil, s.opErr(m.op, ctxFirst(ctx, err))
 	case err != nil:
 		// The statement may have been granted as it failed: the lock
 		// state of this session is unknown, so the session goes.
@@ -287,6 +291,18 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 		err = conn.QueryRow(ctx, sqlUnlock, keys[0]).Scan(&released)
 	}
 	return released, err
+}
+
+// keep reports whether a session whose acquire of s failed with err may go
+// back to the pool: its lock state is certain when the server refused the
+// one key while waiting for it (refused: nothing was granted, and a
+// refused wait of several keys holds those before it) and the session is
+// open and outside a transaction. A wait abandoned at ctx's end never
+// gets here unless the server refused it by itself before pglock sent
+// anything to end it (wait), so no cancel request can reach the next
+// borrower's statement. Keeping it saves a connection per timed-out wait.
+func keep(s lockSet, err error, closed bool, txStatus byte) bool {
+	return len(s.keys) == 1 && refused(err) && !closed && txStatus == 'I'
 }
 
 // destroy takes conn out of the pool and closes its session, which releases

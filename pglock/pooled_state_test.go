@@ -102,19 +102,15 @@ func pooledCases(holder *Locker) []struct {
 			}
 			return nil
 		}},
-		{"lock deadline while held elsewhere", func(ctx context.Context, l *Locker) error {
-			held, err := holder.Lock(ctx, "held")
-			if err != nil {
-				return err
-			}
-			defer held.Unlock(ctx)
-			dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			defer cancel()
-			if _, err := l.Lock(dctx, "held"); !errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("Lock = %v, want DeadlineExceeded", err)
-			}
-			return nil
-		}},
+		{"lock deadline while held elsewhere", pastDeadlineWhileHeld(holder, func(ctx context.Context, l *Locker) (*Lock, error) {
+			return l.Lock(ctx, "held")
+		})},
+		{"rlock deadline while held elsewhere", pastDeadlineWhileHeld(holder, func(ctx context.Context, l *Locker) (*Lock, error) {
+			return l.RLock(ctx, "held")
+		})},
+		{"lock all deadline while one is held elsewhere", pastDeadlineWhileHeld(holder, func(ctx context.Context, l *Locker) (*Lock, error) {
+			return l.LockAll(ctx, "a", "held", "z")
+		})},
 		{"do with a failing fn", func(ctx context.Context, l *Locker) error {
 			boom := errors.New("boom")
 			if err := l.Do(ctx, "a", func(context.Context, *Lock) error { return boom }); !errors.Is(err, boom) {
@@ -130,6 +126,24 @@ func pooledCases(holder *Locker) []struct {
 			}()
 			return l.Do(ctx, "a", func(context.Context, *Lock) error { panic("fn panicked") })
 		}},
+	}
+}
+
+// pastDeadlineWhileHeld is a pooled case: acquire, with a deadline of
+// 200ms, while holder holds "held"; the call must fail with the deadline.
+func pastDeadlineWhileHeld(holder *Locker, acquire func(ctx context.Context, l *Locker) (*Lock, error)) func(ctx context.Context, l *Locker) error {
+	return func(ctx context.Context, l *Locker) error {
+		held, err := holder.Lock(ctx, "held")
+		if err != nil {
+			return err
+		}
+		defer held.Unlock(ctx)
+		dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if _, err := acquire(dctx, l); !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("acquire = %v, want DeadlineExceeded", err)
+		}
+		return nil
 	}
 }
 

@@ -46,7 +46,9 @@ const answerWait = 250 * time.Millisecond
 // returns only after the wait is over on the server (see above), with
 // abandoned true; the caller must then destroy conn, whatever err says.
 // Of several keys, those before the one awaited are then held by conn's
-// session, which is one more reason to destroy it. known is the pid of
+// session, which is one more reason to destroy it. A wait for one key
+// that the server ended by itself at ctx's deadline (refused) before
+// anything was sent to end it is not abandoned: see keep. known is the pid of
 // conn's session if it is proven (proven.go), or 0.
 func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool, known uint32) (pid uint32, abandoned bool, err error) {
 	short := known != 0 && len(keys) == 1 // the statement returns the lock function's result only
@@ -54,6 +56,7 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	timeout := lockTimeout(ctx)
 	finished := make(chan struct{})
 	cleaned := make(chan struct{})
+	var bySelf bool // written before cleaned closes
 	stop := context.AfterFunc(ctx, func() {
 		defer close(cleaned)
 		byServer := timeout != nil && errors.Is(ctx.Err(), context.DeadlineExceeded)
@@ -62,7 +65,7 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 		if !l.hooks.noCancelRequest {
 			cancelRequest = pg.CancelRequest
 		}
-		l.abandon(waiter{
+		bySelf = l.abandon(waiter{
 			pid:           pg.PID(),
 			keys:          keys,
 			byServer:      byServer,
@@ -96,9 +99,20 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	}
 	if !stop() {
 		<-cleaned
-		return pid, true, err
+		return pid, !(bySelf && refused(err) && len(keys) == 1), err
 	}
 	return pid, false, err
+}
+
+// refused reports whether err is a lock function's refusal by the server,
+// raised while it waited, and so before any grant: its lock_timeout, a
+// deadlock, a full lock table.
+func refused(err error) bool {
+	switch pgerr.Code(err) {
+	case pgerr.LockNotAvailable, pgerr.DeadlockDetected, pgerr.OutOfMemory:
+		return true
+	}
+	return false
 }
 
 // lockStatement returns the blocking acquire of keys and its first
@@ -162,8 +176,10 @@ type waiter struct {
 // case it makes the statement fail (w.fail) and waits for it, at most
 // dbx.FailWait: a driver that does not end a statement at its context's end
 // (lib/pq on a silent network sends a cancel request and keeps reading)
-// is left to return in the background.
-func (l *Locker) abandon(w waiter) {
+// is left to return in the background. It reports whether the server
+// ended the wait by itself (w.byServer) with nothing sent to end it: no
+// cancel request that could still reach the session's next statement.
+func (l *Locker) abandon(w waiter) (bySelf bool) {
 	deadline := time.Now().Add(l.cfg.unlockTimeout)
 	answered := func(d time.Duration) bool {
 		t := time.NewTimer(max(d, 0))
@@ -176,14 +192,14 @@ func (l *Locker) abandon(w waiter) {
 		}
 	}
 	if w.byServer && answered(min(answerWait, time.Until(deadline))) {
-		return
+		return true
 	}
 	if w.cancelRequest != nil {
 		cctx, cancel := context.WithDeadline(context.Background(), deadline)
 		err := w.cancelRequest(cctx)
 		cancel()
 		if err == nil && answered(min(answerWait, time.Until(deadline))) {
-			return
+			return false
 		}
 	}
 	// The cancel request was lost (or refused), or came before the
@@ -197,12 +213,12 @@ func (l *Locker) abandon(w waiter) {
 		cancel()
 		if err == nil && cancelled {
 			if answered(time.Until(deadline)) {
-				return
+				return false
 			}
 			break
 		}
 		if answered(min(pause, time.Until(deadline))) {
-			return
+			return false
 		}
 		if !time.Now().Before(deadline) {
 			break
@@ -217,4 +233,5 @@ func (l *Locker) abandon(w waiter) {
 	case <-w.finished:
 	case <-t.C:
 	}
+	return false
 }

@@ -25,6 +25,7 @@ const (
 	TransactionTimeout     = "25P04" // transaction_timeout (PostgreSQL 17) ended the session
 	SerializationFailure   = "40001" // repeatable read or serializable: a concurrent update or dependency
 	DeadlockDetected       = "40P01"
+	OutOfMemory            = "53200" // out of shared memory: PostgreSQL's lock table is full
 )
 
 // Hints, one per cause. They are advice, so they live here and in the
