@@ -171,6 +171,59 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 	})
 }
 
+// A wait whose deadline passes while another session holds the name is
+// ended by the server itself (its lock_timeout) and keeps its session,
+// over every driver: ten such waits wait on one backend, where each
+// waited on another before (its session destroyed). The session stays
+// clean: the next Lock is granted once the name is free.
+func TestDriversRefusedWaitKeepsItsSession(t *testing.T) {
+	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
+		ctx := ctxT(t, time.Minute)
+		holder := mustLocker(t, d.open(t, u, "holder"))
+		waiter := mustLocker(t, d.open(t, u, "waiter"))
+		held, err := holder.TryLock(ctx, "w")
+		if err != nil {
+			t.Fatalf("TryLock: %v", err)
+		}
+		defer func() { _ = held.Unlock(ctx) }()
+		backends := map[int32]bool{}
+		for i := range 10 {
+			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			errc := make(chan error, 1)
+			go func() {
+				_, err := waiter.Lock(wctx, "w")
+				errc <- err
+			}()
+			var pid int32
+			mustWait(t, 10*time.Second, "the waiter to queue", func() (bool, error) {
+				err := admin.QueryRow(ctx, `SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+				 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'
+				   AND a.datname = current_database()`).Scan(&pid)
+				return err == nil, nil
+			})
+			backends[pid] = true
+			err := <-errc
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("wait %d: Lock = %v, want its deadline", i, err)
+			}
+		}
+		if len(backends) != 1 {
+			t.Errorf("10 refused waits waited on %d backends, want 1: %v", len(backends), backends)
+		}
+		if err := held.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lk, err := waiter.Lock(ctx, "w")
+		if err != nil {
+			t.Fatalf("Lock once free: %v", err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // TestDriversLockSilentNetwork (scenario: the network between a process
 // and the server goes silent — packets dropped, nothing closed — while it
 // holds a Lock, or while a Lock call waits). Over every driver the held
