@@ -95,7 +95,7 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		_ = sc.Close()
 		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
-	case err != nil && keep(s, err, false, 'I'): // a server's error: the session is open, outside a transaction
+	case err != nil && l.keep(q, s, pid, err):
 		_ = sc.Close()
 		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, ctxFirst(ctx, err))
@@ -171,6 +171,9 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 		return backend, true, ctx.Err()
 	}
 	pid, err = granted, stmtErr
+	if err != nil {
+		pid = backend // the session's, for keep and the logs
+	}
 	if timeout != nil && pgerr.Code(err) == pgerr.LockNotAvailable {
 		<-ctx.Done() // the server's deadline is ctx's (see wait)
 	}

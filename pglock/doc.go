@@ -105,15 +105,17 @@
 // unlock that PostgreSQL confirmed (pg_advisory_unlock returned true), or a
 // wait for one name that the server itself ended without a grant (its
 // lock_timeout, which carries ctx's deadline, a deadlock, a full lock
-// table) before pglock sent anything to end it. Whenever the state is in
-// doubt — any other acquire that failed or was abandoned (PostgreSQL may
-// grant the lock at the very moment the client gives up; a cancel request
-// may arrive after the statement it was meant for), a set's wait (it holds
-// the names before the refused one), an unlock that failed or returned
-// false, a failed liveness check — the connection is taken out of the pool
-// and closed. Closing the session
-// releases every session lock it held, so a lock is never left behind on a
-// pooled connection for the next borrower to hold unknowingly.
+// table) before pglock sent anything to end it, once the session has shown
+// in pg_locks that it holds no advisory lock (a lock_timeout that fires as
+// the lock is granted fails the statement with the lock held). Whenever the
+// state is in doubt — any other acquire that failed or was abandoned
+// (PostgreSQL may grant the lock at the very moment the client gives up; a
+// cancel request may arrive after the statement it was meant for), a set's
+// wait (it holds the names before the refused one), an unlock that failed
+// or returned false, a failed liveness check — the connection is taken out
+// of the pool and closed. Closing the session releases every session lock
+// it held, so a lock is never left behind on a pooled connection for the
+// next borrower to hold unknowingly.
 //
 // An abandoned wait never leaves a backend waiting. A backend waiting for a
 // lock does not read its socket, so closing the connection alone would

@@ -173,7 +173,7 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		conn.Release()
 		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
-	case err != nil && keep(s, err, pg.IsClosed(), pg.TxStatus()):
+	case err != nil && !pg.IsClosed() && pg.TxStatus() == 'I' && l.keep(conn, s, pg.PID(), err):
 		conn.Release()
 		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, ctxFirst(ctx, err))
@@ -294,15 +294,23 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 }
 
 // keep reports whether a session whose acquire of s failed with err may go
-// back to the pool: its lock state is certain when the server refused the
-// one key while waiting for it (refused: nothing was granted, and a
-// refused wait of several keys holds those before it) and the session is
-// open and outside a transaction. A wait abandoned at ctx's end never
-// gets here unless the server refused it by itself before pglock sent
-// anything to end it (wait), so no cancel request can reach the next
-// borrower's statement. Keeping it saves a connection per timed-out wait.
-func keep(s lockSet, err error, closed bool, txStatus byte) bool {
-	return len(s.keys) == 1 && refused(err) && !closed && txStatus == 'I'
+// back to the pool: when the server refused the one key while waiting for
+// it (refused: its lock_timeout, a deadlock, a full lock table) and the
+// session, still backend pid, shows that it holds and awaits no advisory
+// lock (sqlHoldsNone: a lock_timeout can fire as the lock is granted and
+// still fail the statement). A wait abandoned at ctx's end never gets here
+// unless the server refused it by itself before pglock sent anything to
+// end it (wait), so no cancel request can reach the next borrower's
+// statement. Keeping it saves a connection per timed-out wait; the check
+// costs a round trip and a read of pg_locks.
+func (l *Locker) keep(q dbx.Querier, s lockSet, pid uint32, err error) bool {
+	if len(s.keys) != 1 || !refused(err) || pid == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.unlockTimeout)
+	defer cancel()
+	var clean bool
+	return q.QueryRow(ctx, sqlHoldsNone, int32(pid)).Scan(&clean) == nil && clean
 }
 
 // destroy takes conn out of the pool and closes its session, which releases

@@ -31,7 +31,39 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 	if testing.Short() {
 		rounds = 40
 	}
-	names := []string{"storm/a", "storm/b", "storm/c"}
+	pool, st, took := runStorm(t, "storm/", rounds, false)
+	t.Logf("%d Lock calls in %v: %d waiters granted, %d cancelled; the pool opened %d connections (one per destroyed connection, plus its first)",
+		st.calls.Load(), took, st.granted.Load(), st.cancelled.Load(), pool.Stat().NewConnsCount())
+	checkStormLeftNoLock(t, pool, st)
+}
+
+// TestDeadlineStormLeavesNoLock is the storm with deadlines instead of
+// cancellations: each waiter's deadline falls at T+δ, so the server's own
+// lock_timeout ends most of the waits that are not granted, and those
+// keep their connections (keep), racing the grant at T. A kept session
+// must hold nothing: a lock_timeout that fires as the lock is granted
+// fails the statement with the lock held (without keep's check the next
+// round's holder waited 10s for a lock a pooled session held).
+func TestDeadlineStormLeavesNoLock(t *testing.T) {
+	t.Parallel()
+	rounds := 100 // 3 names x 100 rounds x (1 holder + 4 waiters) = 1500 Lock calls
+	if testing.Short() {
+		rounds = 30
+	}
+	pool, st, took := runStorm(t, "dstorm/", rounds, true)
+	t.Logf("%d Lock calls in %v (%d rounds of %d with every waiter queued at the release): %d waiters granted, %d past their deadline; the pool opened %d connections",
+		st.calls.Load(), took, st.queued.Load(), 3*rounds, st.granted.Load(), st.cancelled.Load(), pool.Stat().NewConnsCount())
+	if n := pool.Stat().NewConnsCount(); !t.Failed() && n >= st.cancelled.Load() {
+		t.Errorf("the pool opened %d connections for %d waits past their deadline: none was kept", n, st.cancelled.Load())
+	}
+	checkStormLeftNoLock(t, pool, st)
+}
+
+// runStorm runs the rounds of three names (prefix a, b, c) at once, each
+// with a holder and four waiters (storm), and returns the pool, what
+// happened and how long it took.
+func runStorm(t *testing.T, prefix string, rounds int, deadlines bool) (*pgxpool.Pool, *stormStats, time.Duration) {
+	names := []string{prefix + "a", prefix + "b", prefix + "c"}
 	const waiters = 4
 	pool := newPool(t, pgtest.URL(t), int32(len(names)*(waiters+2)+1))
 	l := newLocker(t, pool)
@@ -42,21 +74,26 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 	// minute or more. The bound only stops a hung test.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-
-	var st stormStats
+	st := new(stormStats)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, name := range names {
-		wg.Go(func() { storm(t, ctx, l, pool, name, uint64(i), rounds, waiters, &st) })
+		wg.Go(func() { storm(t, ctx, l, pool, name, uint64(i), rounds, waiters, deadlines, st) })
 	}
 	wg.Wait()
-	t.Logf("%d Lock calls in %v: %d waiters granted, %d cancelled; the pool opened %d connections (one per destroyed connection, plus its first)",
-		st.calls.Load(), time.Since(start).Round(time.Millisecond), st.granted.Load(), st.cancelled.Load(), pool.Stat().NewConnsCount())
+	return pool, st, time.Since(start).Round(time.Millisecond)
+}
+
+// checkStormLeftNoLock checks what a storm leaves: waiters both granted
+// and not, and no advisory lock on a pooled connection or anywhere.
+func checkStormLeftNoLock(t *testing.T, pool *pgxpool.Pool, st *stormStats) {
+	t.Helper()
+	ctx := testContext(t)
 	if t.Failed() {
 		return
 	}
 	if st.granted.Load() == 0 || st.cancelled.Load() == 0 {
-		t.Errorf("the storm must both grant and cancel waiters; got %d granted, %d cancelled", st.granted.Load(), st.cancelled.Load())
+		t.Errorf("the storm must both grant and end waiters; got %d granted, %d ended", st.granted.Load(), st.cancelled.Load())
 	}
 	assertIdle(t, pool)
 
@@ -79,9 +116,14 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 
 type stormStats struct {
 	calls, granted, cancelled atomic.Int64
+	queued                    atomic.Int64 // rounds whose waiters all queued before T
 }
 
-func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, name string, seed uint64, rounds, waiters int, st *stormStats) {
+// storm runs the rounds of one name. With deadlines, each waiter's
+// context ends at its deadline, 50ms after the round's waiters start +
+// δ, and the holder releases at those 50ms; otherwise it is cancelled at
+// the release + δ.
+func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, name string, seed uint64, rounds, waiters int, deadlines bool, st *stormStats) {
 	rng := rand.New(rand.NewPCG(seed, uint64(time.Now().UnixNano())))
 	observer, err := pool.Acquire(ctx)
 	if err != nil {
@@ -104,8 +146,12 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 		inside.Add(1)
 		results := make(chan error, waiters)
 		cancels := make([]context.CancelFunc, waiters)
+		release := time.Now().Add(50 * time.Millisecond) // with deadlines
 		for i := range waiters {
 			wctx, cancel := context.WithCancel(ctx)
+			if deadlines {
+				wctx, cancel = context.WithDeadline(ctx, release.Add(time.Duration(rng.IntN(4000)-1000)*time.Microsecond))
+			}
 			cancels[i] = cancel
 			go func() {
 				lk, err := l.Lock(wctx, name)
@@ -124,8 +170,15 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 		// Not pgtest.WaitFor: its Fatal would end this goroutine with the
 		// lock held and the waiters queued, and the test would hang in
 		// the pool's cleanup instead of failing.
+		// With deadlines the waits end by themselves, 50ms from now: they
+		// are counted only until then (a loaded machine may not have
+		// queued them all, and the round still runs).
+		wait := 10 * time.Second
+		if deadlines {
+			wait = time.Until(release)
+		}
 		var qerr error
-		queued := pgtest.Poll(10*time.Second, func() bool {
+		queued := pgtest.Poll(wait, func() bool {
 			var n int
 			qerr = observer.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
 				AND classid::bigint = $1 AND objid::bigint = $2 AND`+inThisDB, int64(k>>32), int64(uint32(k))).Scan(&n)
@@ -134,14 +187,21 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 		switch {
 		case qerr != nil:
 			t.Errorf("count the waiters: %v", qerr)
-		case !queued:
+		case !queued && !deadlines:
 			t.Errorf("%s: the waiters did not queue within 10s", name)
+		case queued:
+			st.queued.Add(1)
 		}
 		var timers []*time.Timer
-		for _, cancel := range cancels {
-			timers = append(timers, time.AfterFunc(time.Duration(rng.IntN(4000))*time.Microsecond, cancel))
+		switch {
+		case deadlines:
+			time.Sleep(time.Until(release)) // T: the release, among the deadlines
+		default:
+			for _, cancel := range cancels {
+				timers = append(timers, time.AfterFunc(time.Duration(rng.IntN(4000))*time.Microsecond, cancel))
+			}
+			time.Sleep(time.Millisecond) // T: the release, in the middle of the cancellations
 		}
-		time.Sleep(time.Millisecond) // T: the release, in the middle of the cancellations
 		inside.Add(-1)
 		if err := holder.Unlock(ctx); err != nil {
 			t.Errorf("holder Unlock: %v", err)
@@ -150,7 +210,7 @@ func storm(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, nam
 			switch err := <-results; {
 			case err == nil:
 				st.granted.Add(1)
-			case errors.Is(err, context.Canceled):
+			case errors.Is(err, context.Canceled) && !deadlines, errors.Is(err, context.DeadlineExceeded) && deadlines:
 				st.cancelled.Add(1)
 			default:
 				t.Errorf("waiter: %v", err)

@@ -104,9 +104,10 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	return pid, false, err
 }
 
-// refused reports whether err is a lock function's refusal by the server,
-// raised while it waited, and so before any grant: its lock_timeout, a
-// deadlock, a full lock table.
+// refused reports whether err is a lock function's refusal by the server
+// while it waited: its lock_timeout, a deadlock, a full lock table. A
+// lock_timeout can come with the lock granted all the same (see
+// sqlHoldsNone), so the session must still be checked (keep).
 func refused(err error) bool {
 	switch pgerr.Code(err) {
 	case pgerr.LockNotAvailable, pgerr.DeadlockDetected, pgerr.OutOfMemory:
