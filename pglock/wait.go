@@ -48,8 +48,8 @@ const answerWait = 250 * time.Millisecond
 // Of several keys, those before the one awaited are then held by conn's
 // session, which is one more reason to destroy it. A wait for one key
 // that the server ended by itself at ctx's deadline (refused) before
-// anything was sent to end it is not abandoned: see keep. known is the pid of
-// conn's session if it is proven (proven.go), or 0.
+// anything was sent to end it is not abandoned: see keep. known is the
+// pid of conn's session if it is proven (proven.go), or 0.
 func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool, known uint32) (pid uint32, abandoned bool, err error) {
 	short := known != 0 && len(keys) == 1 // the statement returns the lock function's result only
 	sql, arg := lockStatement(keys, shared, short)
