@@ -135,18 +135,7 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		errc := make(chan error, 1)
-		go func() {
-			_, err := waiter.Lock(wctx, "w")
-			errc <- err
-		}()
-		var pid int32
-		mustWait(t, 10*time.Second, "the waiter to queue", func() (bool, error) {
-			err := admin.QueryRow(ctx, `SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-			 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'
-			   AND a.datname = current_database()`).Scan(&pid)
-			return err == nil, nil
-		})
+		pid, errc := startWait(t, ctx, admin, waiter, wctx)
 		cancel()
 		select {
 		case err := <-errc:
@@ -171,6 +160,26 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 	})
 }
 
+// startWait runs waiter.Lock(wctx, "w") in a goroutine, and returns the
+// backend that queues for it (of application "waiter", read on admin
+// within ctx) and the channel that receives Lock's error.
+func startWait(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waiter *pglock.Locker, wctx context.Context) (int32, <-chan error) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := waiter.Lock(wctx, "w")
+		errc <- err
+	}()
+	var pid int32
+	mustWait(t, 10*time.Second, "the waiter to queue", func() (bool, error) {
+		err := admin.QueryRow(ctx, `SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+		 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'
+		   AND a.datname = current_database()`).Scan(&pid)
+		return err == nil, nil
+	})
+	return pid, errc
+}
+
 // A wait whose deadline passes while another session holds the name is
 // ended by the server itself (its lock_timeout) and keeps its session,
 // over every driver: ten such waits wait on one backend, where each
@@ -189,18 +198,7 @@ func TestDriversRefusedWaitKeepsItsSession(t *testing.T) {
 		backends := map[int32]bool{}
 		for i := range 10 {
 			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			errc := make(chan error, 1)
-			go func() {
-				_, err := waiter.Lock(wctx, "w")
-				errc <- err
-			}()
-			var pid int32
-			mustWait(t, 10*time.Second, "the waiter to queue", func() (bool, error) {
-				err := admin.QueryRow(ctx, `SELECT l.pid FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
-				 WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = 'waiter'
-				   AND a.datname = current_database()`).Scan(&pid)
-				return err == nil, nil
-			})
+			pid, errc := startWait(t, ctx, admin, waiter, wctx)
 			backends[pid] = true
 			err := <-errc
 			cancel()
