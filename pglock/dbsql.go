@@ -179,7 +179,7 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	}
 	if !stop() {
 		<-cleaned
-		if bySelf && refused(err) && len(keys) == 1 {
+		if bySelf && refused(keys, err) {
 			return backend, false, err // see wait
 		}
 		l.discard(sc, label, backend, "wait abandoned")

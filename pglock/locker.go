@@ -294,7 +294,7 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 }
 
 // keep reports whether a session whose acquire of s failed with err may go
-// back to the pool: when the server refused the one key while waiting for
+// back to the pool: when the server refused its one key while waiting for
 // it (refused: its lock_timeout, a deadlock, a full lock table) and the
 // session, still backend pid, shows that it holds and awaits no advisory
 // lock (sqlHoldsNone: a lock_timeout can fire as the lock is granted and
@@ -304,7 +304,7 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 // statement. Keeping it saves a connection per timed-out wait; the check
 // costs a round trip and a read of pg_locks.
 func (l *Locker) keep(q dbx.Querier, s lockSet, pid uint32, err error) bool {
-	if len(s.keys) != 1 || !refused(err) || pid == 0 {
+	if !refused(s.keys, err) || pid == 0 {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.unlockTimeout)

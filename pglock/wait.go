@@ -46,10 +46,10 @@ const answerWait = 250 * time.Millisecond
 // returns only after the wait is over on the server (see above), with
 // abandoned true; the caller must then destroy conn, whatever err says.
 // Of several keys, those before the one awaited are then held by conn's
-// session, which is one more reason to destroy it. A wait for one key
-// that the server ended by itself at ctx's deadline (refused) before
-// anything was sent to end it is not abandoned: see keep. known is the
-// pid of conn's session if it is proven (proven.go), or 0.
+// session, which is one more reason to destroy it. A wait the server
+// refused by itself at ctx's deadline (refused) before anything was sent
+// to end it is not abandoned: see keep. known is the pid of conn's
+// session if it is proven (proven.go), or 0.
 func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool, known uint32) (pid uint32, abandoned bool, err error) {
 	short := known != 0 && len(keys) == 1 // the statement returns the lock function's result only
 	sql, arg := lockStatement(keys, shared, short)
@@ -99,16 +99,20 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	}
 	if !stop() {
 		<-cleaned
-		return pid, !(bySelf && refused(err) && len(keys) == 1), err
+		return pid, !(bySelf && refused(keys, err)), err
 	}
 	return pid, false, err
 }
 
-// refused reports whether err is a lock function's refusal by the server
-// while it waited: its lock_timeout, a deadlock, a full lock table. A
-// lock_timeout can come with the lock granted all the same (see
-// sqlHoldsNone), so the session must still be checked (keep).
-func refused(err error) bool {
+// refused reports whether err is the server's refusal of a wait for one
+// key, raised while it waited: its lock_timeout, a deadlock, a full lock
+// table. Only such a wait may keep its session, and only once keep has
+// checked it: a lock_timeout can come with the lock granted all the same
+// (see sqlHoldsNone). A set's refused wait holds the keys before.
+func refused(keys []int64, err error) bool {
+	if len(keys) != 1 {
+		return false
+	}
 	switch pgerr.Code(err) {
 	case pgerr.LockNotAvailable, pgerr.DeadlockDetected, pgerr.OutOfMemory:
 		return true
