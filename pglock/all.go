@@ -28,13 +28,12 @@ import (
 type lockSet struct {
 	names   []string
 	keys    []int64
-	label   string // the names joined by ", ": Name()
-	logName string // label cut after maxErrNames names: logs and metrics
+	logName string // label cut after maxShownNames names: logs and metrics (label is Name())
 }
 
 // oneName is the set of the single, already validated, name.
 func oneName(name string) lockSet {
-	return lockSet{names: []string{name}, keys: []int64{Key(name)}, label: name, logName: name}
+	return lockSet{names: []string{name}, keys: []int64{Key(name)}, logName: name}
 }
 
 // newSet validates names and orders them into a set. An empty list and an
@@ -67,13 +66,15 @@ func newSetKeyed(names []string, key func(string) int64) (lockSet, error) {
 			s.keys = append(s.keys, k.key)
 		}
 	}
-	s.label = strings.Join(s.names, ", ")
-	s.logName = s.label
-	if n := len(s.names); n > maxErrNames {
-		s.logName = fmt.Sprintf("%s, and %d more", strings.Join(s.names[:maxErrNames], ", "), n-maxErrNames)
+	s.logName = strings.Join(s.names[:min(len(s.names), maxShownNames)], ", ")
+	if n := len(s.names); n > maxShownNames {
+		s.logName += fmt.Sprintf(", and %d more", n-maxShownNames)
 	}
 	return s, nil
 }
+
+// label is the set's names joined by ", ": Name().
+func (s lockSet) label() string { return strings.Join(s.names, ", ") }
 
 // nameOf returns the first name of the set whose key is key.
 func (s lockSet) nameOf(key int64) string {
@@ -82,7 +83,7 @@ func (s lockSet) nameOf(key int64) string {
 			return n
 		}
 	}
-	return s.label
+	return s.label()
 }
 
 // opErr is an error of op on the set.

@@ -548,8 +548,8 @@ func TestSetCollidingKeys(t *testing.T) {
 	if want := []int64{-3, 7}; !slices.Equal(s.keys, want) {
 		t.Errorf("keys = %d, want %d", s.keys, want)
 	}
-	if s.label != "z, x, y" {
-		t.Errorf("label = %q", s.label)
+	if s.label() != "z, x, y" {
+		t.Errorf("label = %q", s.label())
 	}
 }
 
@@ -639,8 +639,8 @@ func TestLockAllBeyondTheLockTable(t *testing.T) {
 		if pgerr.Code(err) != "53200" {
 			t.Fatalf("%s of %d names (lock table %d slots): %.300v; want SQLSTATE 53200", op.name, len(names), slots, err)
 		}
-		if msg := err.Error(); len(msg) > 1000 || !strings.Contains(msg, fmt.Sprintf("and %d more", len(names)-maxErrNames)) {
-			t.Errorf("%s: the error (%d bytes) does not stop at %d names: %.300s", op.name, len(msg), maxErrNames, msg)
+		if msg := err.Error(); len(msg) > 1000 || !strings.Contains(msg, fmt.Sprintf("and %d more", len(names)-maxShownNames)) {
+			t.Errorf("%s: the error (%d bytes) does not stop at %d names: %.300s", op.name, len(msg), maxShownNames, msg)
 		}
 		// A session whose acquire failed is closed as the call returns; the
 		// server frees what it took as that backend exits, a moment later

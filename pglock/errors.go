@@ -56,12 +56,12 @@ func (e *opError) Error() string {
 	return fmt.Sprintf("pglock: %s %s: %s", e.op, quoteNames(e.names), strings.TrimPrefix(e.err.Error(), "pglock: "))
 }
 
-// maxErrNames is how many of a set's names an error quotes: a set of
-// thousands made a message of hundreds of kilobytes.
-const maxErrNames = 5
+// maxShownNames is how many of a set's names its errors, log records and
+// metrics show: a set of thousands made each of hundreds of kilobytes.
+const maxShownNames = 5
 
 // quoteNames quotes one name as it is, and a set as ["a" "b" …], its first
-// maxErrNames names followed by how many more there are.
+// maxShownNames names followed by how many more there are.
 func quoteNames(names []string) string {
 	if len(names) == 1 {
 		return strconv.Quote(names[0])
@@ -72,7 +72,7 @@ func quoteNames(names []string) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		if i == maxErrNames {
+		if i == maxShownNames {
 			fmt.Fprintf(&b, "and %d more", len(names)-i)
 			break
 		}

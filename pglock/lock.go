@@ -101,7 +101,7 @@ func (lk *Lock) Name() string {
 	if lk == nil {
 		return ""
 	}
-	return lk.label
+	return lk.label()
 }
 
 // Names returns the names the Lock holds, each once, in the order they

@@ -95,10 +95,10 @@ func (t *telemetry) destroyed(name string, pid uint32, why string) {
 }
 
 // keyAttr is the log attribute of the set's keys: key for one, keys for
-// several (the first maxErrNames of a larger set, as its logName).
+// several (the first maxShownNames of a larger set, as its logName).
 func (s lockSet) keyAttr() slog.Attr {
 	if len(s.keys) == 1 {
 		return slog.Int64("key", s.keys[0])
 	}
-	return slog.Any("keys", s.keys[:min(len(s.keys), maxErrNames)])
+	return slog.Any("keys", s.keys[:min(len(s.keys), maxShownNames)])
 }
