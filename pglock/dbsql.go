@@ -95,7 +95,7 @@ func (l *Locker) takeDB(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		_ = sc.Close()
 		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
-	case err != nil && l.keep(q, s, pid, err):
+	case err != nil && l.keep(q, pid, err):
 		_ = sc.Close()
 		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, ctxFirst(ctx, err))
@@ -179,7 +179,7 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	}
 	if !stop() {
 		<-cleaned
-		if bySelf && refused(keys, err) {
+		if bySelf && refused(err) {
 			return backend, false, err // see wait
 		}
 		l.discard(sc, label, backend, "wait abandoned")

@@ -105,15 +105,17 @@ func TestCtxFirst(t *testing.T) {
 	}
 }
 
-// TestRefusedWaitKeepsItsConnection (scenario: a service takes a lock with
-// a deadline, and the holder keeps it past the deadline; or the role's
-// lock_timeout ends the wait). The server ends such a wait by itself, and
-// once the session shows it holds nothing (keep) it goes back to the
-// pool: ten refused waits open no connection. They each opened one,
-// connecting and forking a backend per timed-out Lock. Waits abandoned any
-// other way (a cancelled ctx: a cancel request that could reach the next
-// statement) and sets (the keys before the refused one are held) still
-// destroy theirs; pooledCases checks the kept sessions hold nothing.
+// TestRefusedWaitKeepsItsConnection (scenario: a service takes a lock, or
+// a set whose first name is free, with a deadline, and the holder keeps it
+// past the deadline; or the role's lock_timeout ends the wait). The server
+// ends such a wait by itself, and once the session has given back what it
+// holds (keep) it goes back to the pool: ten refused waits open no
+// connection, and the set's free name is free again. They each opened
+// one, connecting and forking a backend per timed-out Lock (and, before
+// sets were kept too, per timed-out LockAll). Waits abandoned any other
+// way (a cancelled ctx: a cancel request that could reach the next
+// statement) still destroy theirs; pooledCases checks the kept sessions
+// hold nothing.
 func TestRefusedWaitKeepsItsConnection(t *testing.T) {
 	t.Parallel()
 	const waits = 10
@@ -127,61 +129,98 @@ func TestRefusedWaitKeepsItsConnection(t *testing.T) {
 		{"deadline", u, true},
 		{"role's lock_timeout", roleTimeout, false},
 	} {
-		for _, driver := range []string{"pgx", "database/sql"} {
-			t.Run(c.name+"/"+driver, func(t *testing.T) {
-				t.Parallel()
-				ctx := testContext(t)
-				name := "held/" + t.Name() // the subtests share the database
-				holder, err := newLocker(t, newPool(t, u, 2)).Lock(ctx, name)
-				if err != nil {
-					t.Fatal(err)
+		for _, set := range []bool{false, true} {
+			for _, driver := range []string{"pgx", "database/sql"} {
+				op := "Lock"
+				if set {
+					op = "LockAll"
 				}
-				defer func() { _ = holder.Unlock(ctx) }()
-				pool := newPool(t, c.url, 4)
-				l, opened := newLocker(t, pool), func() int64 { return pool.Stat().NewConnsCount() }
-				if driver == "database/sql" {
-					var connects atomic.Int64
-					db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), &connects})
-					t.Cleanup(func() { _ = db.Close() })
-					if l, err = NewDB(db); err != nil {
-						t.Fatal(err)
-					}
-					opened = connects.Load
-				}
-				for i := range waits {
-					wctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
-					if c.deadline {
-						// Not tighter: beside the storm tests, 50ms left no room
-						// for database/sql's own work on the connection (no
-						// destroy was logged, yet it opened 10 connections).
-						wctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
-					}
-					_, err := l.Lock(wctx, name)
-					cancel()
-					switch {
-					case c.deadline && !errors.Is(err, context.DeadlineExceeded):
-						t.Fatalf("wait %d: Lock = %v, want %v", i, err, context.DeadlineExceeded)
-					case !c.deadline && pgerr.Code(err) != pgerr.LockNotAvailable:
-						t.Fatalf("wait %d: Lock = %v (%s), want SQLSTATE 55P03", i, err, pgerr.Code(err))
-					}
-				}
-				// The first wait opens the connection the others reuse (and
-				// over database/sql the wait's clean-up may open one more).
-				if n := opened(); n > 2 {
-					t.Errorf("%d refused waits opened %d connections, want at most 2", waits, n)
-				}
-				if err := holder.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-				lk, err := l.Lock(ctx, name)
-				if err != nil {
-					t.Fatalf("Lock once free: %v", err)
-				}
-				if err := lk.Unlock(ctx); err != nil {
-					t.Fatal(err)
-				}
-			})
+				t.Run(c.name+"/"+op+"/"+driver, func(t *testing.T) {
+					t.Parallel()
+					testRefusedWaits(t, u, c.url, c.deadline, set, driver == "database/sql", waits)
+				})
+			}
 		}
+	}
+}
+
+// testRefusedWaits runs waits refused waits for a name held through base,
+// alone (Lock) or after a free name (LockAll), over pgx or database/sql
+// through u, with a deadline or u's lock_timeout, and checks that they
+// open at most the first connection and leave the free name free.
+func testRefusedWaits(t *testing.T, base, u string, deadline, set, dbsql bool, waits int) {
+	ctx := testContext(t)
+	name := "held/" + t.Name() // the subtests share the database
+	free := ""                 // taken first: a lower key
+	for i := 0; set && (free == "" || Key(free) >= Key(name)); i++ {
+		free = fmt.Sprintf("free%d/%s", i, t.Name())
+	}
+	other := newLocker(t, newPool(t, base, 2))
+	holder, err := other.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Unlock(ctx) }()
+	pool := newPool(t, u, 4)
+	l, opened := newLocker(t, pool), func() int64 { return pool.Stat().NewConnsCount() }
+	if dbsql {
+		var connects atomic.Int64
+		db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), &connects})
+		t.Cleanup(func() { _ = db.Close() })
+		if l, err = NewDB(db); err != nil {
+			t.Fatal(err)
+		}
+		opened = connects.Load
+	}
+	names := []string{name}
+	if set {
+		names = append(names, free)
+	}
+	for i := range waits {
+		wctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+		if deadline {
+			// Not tighter: beside the storm tests, 50ms left no room
+			// for database/sql's own work on the connection (no
+			// destroy was logged, yet it opened 10 connections).
+			wctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
+		}
+		var err error
+		if set {
+			_, err = l.LockAll(wctx, names...)
+		} else {
+			_, err = l.Lock(wctx, name)
+		}
+		cancel()
+		switch {
+		case deadline && !errors.Is(err, context.DeadlineExceeded):
+			t.Fatalf("wait %d: LockAll%q = %v, want %v", i, names, err, context.DeadlineExceeded)
+		case !deadline && pgerr.Code(err) != pgerr.LockNotAvailable:
+			t.Fatalf("wait %d: LockAll%q = %v (%s), want SQLSTATE 55P03", i, names, err, pgerr.Code(err))
+		}
+		if set {
+			lk, err := other.TryLock(ctx, free)
+			if err != nil {
+				t.Fatalf("wait %d: %q, taken before the refused name, is not free: %v", i, free, err)
+			}
+			if err := lk.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The first wait opens the connection the others reuse (and over
+	// database/sql the wait's clean-up may open one more).
+	if n := opened(); n > 2 {
+		t.Errorf("%d refused waits opened %d connections, want at most 2", waits, n)
+	}
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lk, err := l.LockAll(ctx, names...)
+	if err != nil {
+		t.Fatalf("LockAll once free: %v", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -103,17 +103,17 @@
 // The connection-destroy rule: a connection goes back to the pool only when
 // its lock state is certain — after a TryLock that PostgreSQL refused, an
 // unlock that PostgreSQL confirmed (pg_advisory_unlock returned true), or a
-// wait for one name that the server itself ended without a grant (its
-// lock_timeout, which carries ctx's deadline, a deadlock, a full lock
-// table) before pglock sent anything to end it, once the session has shown
-// in pg_locks that it holds no advisory lock (a lock_timeout that fires as
-// the lock is granted fails the statement with the lock held). Whenever the
-// state is in doubt — any other acquire that failed or was abandoned
+// wait that the server itself ended (its lock_timeout, which carries ctx's
+// deadline, a deadlock, a full lock table) before pglock sent anything to
+// end it, once the same session has released every advisory lock it held
+// and shown in pg_locks that it holds none: a set's names before the
+// refused one, and the refused name itself when a lock_timeout fired as
+// it was granted (the statement then fails with the lock held). Whenever
+// the state is in doubt — any other acquire that failed or was abandoned
 // (PostgreSQL may grant the lock at the very moment the client gives up; a
-// cancel request may arrive after the statement it was meant for), a set's
-// wait (it holds the names before the refused one), an unlock that failed
-// or returned false, a failed liveness check — the connection is taken out
-// of the pool and closed. Closing the session releases every session lock
+// cancel request may arrive after the statement it was meant for), an
+// unlock that failed or returned false, a failed liveness check — the
+// connection is taken out of the pool and closed. Closing the session releases every session lock
 // it held, so a lock is never left behind on a pooled connection for the
 // next borrower to hold unknowingly.
 //

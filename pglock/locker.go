@@ -173,7 +173,7 @@ func (l *Locker) take(ctx context.Context, s lockSet, m mode) (*Lock, error) {
 		conn.Release()
 		l.tel.waitFailed(ctx, s.logName, m, waitError, start)
 		return nil, s.opErr(m.op, ErrStandby)
-	case err != nil && !pg.IsClosed() && pg.TxStatus() == 'I' && l.keep(conn, s, pg.PID(), err):
+	case err != nil && !pg.IsClosed() && pg.TxStatus() == 'I' && l.keep(conn, pg.PID(), err):
 		conn.Release()
 		l.tel.waitFailed(ctx, s.logName, m, waitOutcomeOf(ctx), start)
 		return nil, s.opErr(m.op, ctxFirst(ctx, err))
@@ -294,23 +294,23 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 }
 
 // keep reports whether a session whose acquire of s failed with err may go
-// back to the pool: when the server refused its one key while waiting for
-// it (refused: its lock_timeout, a deadlock, a full lock table) and the
-// session, still backend pid, shows that it holds and awaits no advisory
-// lock (sqlHoldsNone: a lock_timeout can fire as the lock is granted and
-// still fail the statement). A wait abandoned at ctx's end never gets here
-// unless the server refused it by itself before pglock sent anything to
-// end it (wait), so no cancel request can reach the next borrower's
-// statement. Keeping it saves a connection per timed-out wait; the check
-// costs a round trip and a read of pg_locks.
-func (l *Locker) keep(q dbx.Querier, s lockSet, pid uint32, err error) bool {
-	if !refused(s.keys, err) || pid == 0 {
+// back to the pool: when the server refused a key while waiting for it
+// (refused: its lock_timeout, a deadlock, a full lock table) and the
+// session, still backend pid, has given back every advisory lock it held
+// (sqlReleaseAll: those of a set taken before the refused key, and the
+// refused key itself when a lock_timeout fired as it was granted). A wait
+// abandoned at ctx's end never gets here unless the server refused it by
+// itself before pglock sent anything to end it (wait), so no cancel
+// request can reach the next borrower's statement. Keeping it saves a
+// connection per timed-out wait; the release costs a round trip.
+func (l *Locker) keep(q dbx.Querier, pid uint32, err error) bool {
+	if !refused(err) || pid == 0 {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.unlockTimeout)
 	defer cancel()
 	var clean bool
-	return q.QueryRow(ctx, sqlHoldsNone, int32(pid)).Scan(&clean) == nil && clean
+	return q.QueryRow(ctx, sqlReleaseAll, int32(pid)).Scan(&clean) == nil && clean
 }
 
 // destroy takes conn out of the pool and closes its session, which releases

@@ -171,14 +171,19 @@ SELECT pg_advisory_lock_shared($1) FROM timeout`
 // try (HeldError).
 const sqlHolders = `SELECT json_agg(r) FROM (` + sqlLockRows + `) AS r WHERE r.key = $1 AND r.granted`
 
-// sqlHoldsNone reports whether the session answering is backend $1 and
-// holds and awaits no advisory lock: what a refused wait must show before
-// its session goes back to the pool (keep). A lock_timeout that fires as
-// the lock is granted still ends the statement with SQLSTATE 55P03, the
-// lock held (PostgreSQL keeps the timeout's cancel pending past the grant).
-const sqlHoldsNone = `
-SELECT pg_backend_pid() = $1
-   AND NOT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = $1)`
+// sqlReleaseAll releases every session-level advisory lock of the session
+// answering if it is backend $1, and reports whether it then holds and
+// awaits none: what a refused wait's session must show before it goes back
+// to the pool (keep). A set's refused wait holds the keys before the
+// refused one, and a lock_timeout that fires as the lock is granted still
+// ends the statement with SQLSTATE 55P03, the lock held (PostgreSQL keeps
+// the timeout's cancel pending past the grant). CASE orders the steps: the
+// pid first, then the release (which returns void, never NULL), then the
+// read of pg_locks (an InitPlan, run when its branch is reached).
+const sqlReleaseAll = `
+SELECT CASE WHEN pg_backend_pid() <> $1 THEN false
+            WHEN pg_advisory_unlock_all() IS NULL THEN false
+            ELSE NOT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = $1) END`
 
 // sqlCancelWaiter cancels the statement of backend $1 if, and only if, it
 // is waiting for one of the advisory locks $2 in this database, and says

@@ -42,8 +42,8 @@ func TestCancelStormLeavesNoLock(t *testing.T) {
 // lock_timeout ends most of the waits that are not granted, and those
 // keep their connections (keep), racing the grant at T. A kept session
 // must hold nothing: a lock_timeout that fires as the lock is granted
-// fails the statement with the lock held (without keep's check the next
-// round's holder waited 10s for a lock a pooled session held).
+// fails the statement with the lock held (keep releases it; without that
+// the next round's holder waited 10s for a lock a pooled session held).
 func TestDeadlineStormLeavesNoLock(t *testing.T) {
 	t.Parallel()
 	rounds := 100 // 3 names x 100 rounds x (1 holder + 4 waiters) = 1500 Lock calls

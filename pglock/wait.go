@@ -99,20 +99,16 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	}
 	if !stop() {
 		<-cleaned
-		return pid, !(bySelf && refused(keys, err)), err
+		return pid, !(bySelf && refused(err)), err
 	}
 	return pid, false, err
 }
 
-// refused reports whether err is the server's refusal of a wait for one
-// key, raised while it waited: its lock_timeout, a deadlock, a full lock
-// table. Only such a wait may keep its session, and only once keep has
-// checked it: a lock_timeout can come with the lock granted all the same
-// (see sqlHoldsNone). A set's refused wait holds the keys before.
-func refused(keys []int64, err error) bool {
-	if len(keys) != 1 {
-		return false
-	}
+// refused reports whether err is the server's refusal of a wait, raised
+// while it waited: its lock_timeout, a deadlock, a full lock table. Only
+// such a wait may keep its session, and only once keep has released what
+// the session holds (see sqlReleaseAll).
+func refused(err error) bool {
 	switch pgerr.Code(err) {
 	case pgerr.LockNotAvailable, pgerr.DeadlockDetected, pgerr.OutOfMemory:
 		return true
