@@ -100,8 +100,10 @@ func rawTryLockUnlock(ctx context.Context, pool *pgxpool.Pool, name string) erro
 // BenchmarkRefusedWait: a Lock whose 5ms deadline passes while another
 // session holds the name, beside the same wait by hand on the pool
 // (pg_advisory_lock under SET LOCAL lock_timeout = '5ms', in a
-// transaction). It reports the connections each wait opened: none since a
-// wait the server refused keeps its session (it destroyed it before).
+// transaction); and the same for a set of a free name and the held one
+// (LockAll, which takes the free one first). It reports the connections
+// each wait opened: none since a wait the server refused keeps its
+// session (it destroyed it before; a set's until it gave back its names).
 func BenchmarkRefusedWait(b *testing.B) {
 	pool := newPool(b, pgtest.URL(b), 4)
 	l := newLocker(b, pool)
@@ -111,6 +113,11 @@ func BenchmarkRefusedWait(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = holder.Unlock(ctx) })
+	free := "free" // taken before "held": a lower key
+	for i := 0; Key(free) >= Key("held"); i++ {
+		free = fmt.Sprintf("free%d", i)
+	}
+	set := []int64{Key(free), Key("held")}
 	for _, p := range []struct {
 		name string
 		op   func() error
@@ -134,6 +141,30 @@ func BenchmarkRefusedWait(b *testing.B) {
 				return err
 			}
 			_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, Key("held"))
+			if pgerr.Code(err) != pgerr.LockNotAvailable {
+				return fmt.Errorf("raw wait = %v, want SQLSTATE 55P03", err)
+			}
+			return nil
+		}},
+		{"pgfence-set", func() error {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+			defer cancel()
+			_, err := l.LockAll(wctx, free, "held")
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("LockAll = %v, want its deadline", err)
+			}
+			return nil
+		}},
+		{"raw-set", func() error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5ms'`); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k`, set)
 			if pgerr.Code(err) != pgerr.LockNotAvailable {
 				return fmt.Errorf("raw wait = %v, want SQLSTATE 55P03", err)
 			}
