@@ -117,59 +117,49 @@ func BenchmarkRefusedWait(b *testing.B) {
 	for i := 0; Key(free) >= Key("held"); i++ {
 		free = fmt.Sprintf("free%d", i)
 	}
-	set := []int64{Key(free), Key("held")}
+	// pgfence takes the names (one: Lock) with a 5ms deadline; raw waits
+	// for the keys by hand under the same lock_timeout.
+	pgfence := func(names ...string) func() error {
+		return func() error {
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+			defer cancel()
+			var err error
+			if len(names) == 1 {
+				_, err = l.Lock(wctx, names[0])
+			} else {
+				_, err = l.LockAll(wctx, names...)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("LockAll%q = %v, want its deadline", names, err)
+			}
+			return nil
+		}
+	}
+	raw := func(query string, arg any) func() error {
+		return func() error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5ms'`); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, query, arg)
+			if pgerr.Code(err) != pgerr.LockNotAvailable {
+				return fmt.Errorf("raw wait = %v, want SQLSTATE 55P03", err)
+			}
+			return nil
+		}
+	}
 	for _, p := range []struct {
 		name string
 		op   func() error
 	}{
-		{"pgfence", func() error {
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
-			defer cancel()
-			_, err := l.Lock(wctx, "held")
-			if !errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("Lock = %v, want its deadline", err)
-			}
-			return nil
-		}},
-		{"raw", func() error {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5ms'`); err != nil {
-				return err
-			}
-			_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, Key("held"))
-			if pgerr.Code(err) != pgerr.LockNotAvailable {
-				return fmt.Errorf("raw wait = %v, want SQLSTATE 55P03", err)
-			}
-			return nil
-		}},
-		{"pgfence-set", func() error {
-			wctx, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
-			defer cancel()
-			_, err := l.LockAll(wctx, free, "held")
-			if !errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("LockAll = %v, want its deadline", err)
-			}
-			return nil
-		}},
-		{"raw-set", func() error {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5ms'`); err != nil {
-				return err
-			}
-			_, err = tx.Exec(ctx, `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k`, set)
-			if pgerr.Code(err) != pgerr.LockNotAvailable {
-				return fmt.Errorf("raw wait = %v, want SQLSTATE 55P03", err)
-			}
-			return nil
-		}},
+		{"pgfence", pgfence("held")},
+		{"raw", raw(`SELECT pg_advisory_xact_lock($1)`, Key("held"))},
+		{"pgfence-set", pgfence(free, "held")},
+		{"raw-set", raw(`SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k`, []int64{Key(free), Key("held")})},
 	} {
 		b.Run(p.name, func(b *testing.B) {
 			opened := pool.Stat().NewConnsCount()
