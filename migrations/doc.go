@@ -86,7 +86,12 @@
 // Up, Down and Version do what the CLI's up, down and version do, but
 // with pg_catalog alone on the search path (see above), and Down refuses
 // (ErrDownRefused) before reverting anything where the CLI's down would
-// fail part-way. Up is safe to run concurrently from many processes (each
+// fail part-way. A file that the server refuses (a lock_timeout, a
+// deadlock, an object in the way) commits nothing, each file being one
+// transaction: Up and Down then leave the version as it was, clean, where
+// the CLI leaves it dirty for an operator to force. Only a file whose
+// outcome is unknown (the connection lost as it ran) leaves it dirty
+// (ErrDirty). Up is safe to run concurrently from many processes (each
 // replica at start-up, say), and beside the CLI: they serialise on
 // golang-migrate's advisory lock.
 //

@@ -37,9 +37,11 @@ const Table = "pgfence_schema_migrations"
 // unless the database URL or PGAPPNAME names it.
 const applicationName = "pgfence migrations"
 
-// ErrDirty is returned by Up and Down when the last migration failed
-// part-way: fix the schema by hand, then set the version with the upstream
-// CLI (migrate force N).
+// ErrDirty is returned by Up and Down when a migration was left dirty: it
+// failed in a way whose outcome is unknown (the connection lost as it ran),
+// or the upstream CLI's failed. Check the schema by hand, then set the
+// version with the upstream CLI (migrate force N). A file that the server
+// refused leaves the version as it was, clean (see Up).
 var ErrDirty = errors.New("migrations: database is dirty: a migration failed part-way")
 
 // ErrDownRefused is returned by Down when reverting the migrations would
@@ -69,7 +71,10 @@ var ErrInvalid = errors.New("migrations: invalid input")
 // one. ctx bounds connecting and waiting for the lock, whatever
 // statement_timeout or transaction_timeout the role sets; once a migration
 // has started it runs to its end, and cancelling ctx stops before the next
-// one.
+// one. A migration that fails with the server's error (a lock_timeout the
+// role sets, a deadlock) commits nothing, since each file is one
+// transaction: Up returns that error and leaves the version at the last
+// migration applied, clean, so that running Up again resumes there.
 func Up(ctx context.Context, databaseURL string, opts ...Option) error {
 	if err := run(ctx, databaseURL, up, opts); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
@@ -244,7 +249,8 @@ func run(ctx context.Context, databaseURL string, dir direction, opts []Option) 
 		// ... SET statement_timeout) would end the wait for the migration
 		// lock, which ctx bounds, and a file part-way, which must run to
 		// its end (migration 9 waits up to 10 minutes for fenced
-		// transactions) and would leave the version dirty.
+		// transactions): the migration would fail, and transaction_timeout,
+		// which ends the session, would leave the version dirty.
 		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),
        pg_catalog.set_config('statement_timeout', '0', false),
        (SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'transaction_timeout')`); err != nil {
@@ -281,9 +287,10 @@ func run(ctx context.Context, databaseURL string, dir direction, opts []Option) 
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("stopped before migration %d: %w", s.file.version, context.Cause(ctx))
 			}
-			if err := apply(ctx, conn, b, s); err != nil {
+			if err := apply(ctx, conn, b, cur, s); err != nil {
 				return err
 			}
+			cur = s.target
 		}
 		return nil
 	})
@@ -292,7 +299,7 @@ func run(ctx context.Context, databaseURL string, dir direction, opts []Option) 
 // checkDown refuses a Down that would stop part-way, before it changes
 // anything: golang-migrate's files run one transaction each, so a Down
 // refused by migration 1 (an application view over pgfence.leases) would
-// have reverted every other migration first and left the database dirty.
+// have reverted every other migration first and stopped at version 1.
 func checkDown(ctx context.Context, conn *pgx.Conn) error {
 	rows, err := conn.Query(ctx, sqlDownBlockers)
 	if err != nil {
@@ -389,11 +396,16 @@ func plan(ms []migration, cur uint, dir direction) ([]step, error) {
 	return steps, nil
 }
 
-// apply runs one file the way golang-migrate does: mark the target version
-// dirty, run the file, mark it clean. The file runs to its end even if ctx
-// ends meanwhile (a half-run migration is what dirty means); its own
-// BEGIN/COMMIT make it atomic.
-func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, s step) error {
+// apply runs one file, from version from, the way golang-migrate does:
+// mark the target version dirty, run the file, mark it clean. The file
+// runs to its end even if ctx ends meanwhile (a half-run migration is what
+// dirty means); its own BEGIN/COMMIT make it atomic. So when the server
+// refuses it — a lock_timeout, a deadlock, an object in the way — and the
+// session rolls it back, nothing of it committed: the version goes back to
+// from, clean, and the error says so, where golang-migrate leaves it dirty
+// for an operator to force. A file whose outcome is unknown (the
+// connection lost) leaves it dirty.
+func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, from uint, s step) error {
 	sql, err := fs.ReadFile(FS, s.name)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", s.name, err)
@@ -404,9 +416,23 @@ func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, s step) error {
 	rctx := context.WithoutCancel(ctx)
 	if _, err := conn.Exec(rctx, string(sql)); err != nil {
 		_, _ = conn.Exec(rctx, "ROLLBACK") // leave the file's failed transaction, if any
+		if rolledBack(conn, err) && b.set(rctx, conn, from, false) == nil {
+			return fmt.Errorf("run %s: %w (it changed nothing: the version is still %d)", s.name, err, from)
+		}
 		return fmt.Errorf("run %s: %w", s.name, err)
 	}
 	return b.set(rctx, conn, s.target, false)
+}
+
+// rolledBack reports whether a file that failed with err committed
+// nothing: the server raised an ERROR (not FATAL: the session lives on),
+// and the session is idle again, outside any transaction. Every file is
+// one transaction (TestFilesAreOneTransaction), and the server skips the
+// rest of a multi-statement query after an error.
+func rolledBack(conn *pgx.Conn, err error) bool {
+	var pgErr *pgconn.PgError
+	pg := conn.PgConn()
+	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR" && !pg.IsClosed() && pg.TxStatus() == 'I'
 }
 
 // bookkeeping is the version table and the advisory lock, named as

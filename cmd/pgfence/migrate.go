@@ -27,7 +27,8 @@ application's own golang-migrate history.
            and the roles pgfence_client and pgfence_operator with every grant of
            them (GRANT pgfence_client TO app) unless another database uses them
   version  print the applied version ("0" when none), and "(dirty)" after a
-           failed migration
+           migration whose outcome is unknown (one the server refused
+           changed nothing and leaves the version as it was)
 
 The upstream migrate CLI works on the same files:
   migrate -path ./migrations -database 'pgx5://user@host/db?x-migrations-table=` + migrations.Table + `' up`,
@@ -65,7 +66,7 @@ The upstream migrate CLI works on the same files:
 					return err
 				}
 				if dirty {
-					fmt.Fprintf(cmd.OutOrStdout(), "%d (dirty: the last migration failed part-way; fix the schema by hand, then force the version with the upstream migrate CLI)\n", v)
+					fmt.Fprintf(cmd.OutOrStdout(), "%d (dirty: a migration did not finish, and its outcome is unknown; check the schema, then force the version with the upstream migrate CLI)\n", v)
 					return &exitError{code: exitFailure}
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%d\n", v)
