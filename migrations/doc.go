@@ -91,9 +91,10 @@
 // transaction: Up and Down then leave the version as it was, clean, where
 // the CLI leaves it dirty for an operator to force. Only a file whose
 // outcome is unknown (the connection lost as it ran) leaves it dirty
-// (ErrDirty). Up is safe to run concurrently from many processes (each
-// replica at start-up, say), and beside the CLI: they serialise on
-// golang-migrate's advisory lock.
+// (ErrDirty); Force records the version an operator has found by hand,
+// as the CLI's force does. Up is safe to run concurrently from many
+// processes (each replica at start-up, say), and beside the CLI: they
+// serialise on golang-migrate's advisory lock.
 //
 // # Privileges
 //

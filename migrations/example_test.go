@@ -30,3 +30,24 @@ func ExampleUp() {
 	// Output:
 	// schema current: true
 }
+
+// Force after a migration whose outcome is unknown (its connection was
+// lost): the operator has checked the schema and found that migration 4
+// did not commit, so version 3 is the truth. Force runs nothing; Up then
+// applies 4 and the rest.
+func ExampleForce() {
+	ctx := context.Background()
+	databaseURL := os.Getenv("DATABASE_URL")
+	version, dirty, err := migrations.Version(ctx, databaseURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if dirty && version == 4 {
+		if err := migrations.Force(ctx, databaseURL, 3); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if err := migrations.Up(ctx, databaseURL); err != nil {
+		log.Fatal(err)
+	}
+}

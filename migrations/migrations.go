@@ -39,8 +39,8 @@ const applicationName = "pgfence migrations"
 
 // ErrDirty is returned by Up and Down when a migration was left dirty: it
 // failed in a way whose outcome is unknown (the connection lost as it ran),
-// or the upstream CLI's failed. Check the schema by hand, then set the
-// version with the upstream CLI (migrate force N). A file that the server
+// or the upstream CLI's failed. Check the schema by hand, then record the
+// right version with Force (pgfence migrate force N). A file that the server
 // refused leaves the version as it was, clean (see Up).
 var ErrDirty = errors.New("migrations: database is dirty: a migration failed part-way")
 
@@ -53,8 +53,9 @@ var ErrDirty = errors.New("migrations: database is dirty: a migration failed par
 // the objects.
 var ErrDownRefused = errors.New("migrations: down refused: it would fail part-way")
 
-// ErrInvalid is returned for a connection string that cannot be parsed. Its
-// message never repeats the string, which may hold a password.
+// ErrInvalid is returned for a connection string that cannot be parsed
+// (its message never repeats the string, which may hold a password), and
+// by Force for a version that is not a migration's.
 var ErrInvalid = errors.New("migrations: invalid input")
 
 // Up applies every pending migration, each file in its own transaction. It
@@ -234,40 +235,8 @@ func run(ctx context.Context, databaseURL string, dir direction, opts []Option) 
 			}
 		}
 	}
-	return withConn(ctx, databaseURL, onNotice, func(conn *pgx.Conn, b bookkeeping) error {
-		// The files name pgfence's objects schema-qualified and
-		// PostgreSQL's unqualified. With the role's own search path, a
-		// look-alike that another role created in one of its schemas
-		// (public, before PostgreSQL 15) is chosen where it matches an
-		// argument type better than the built-in (oid <> integer): run as
-		// this role by a DO block, or bound into a SQL function's body.
-		// pg_catalog alone leaves no choice; the bookkeeping table was
-		// found with the role's path, and is named schema-qualified.
-		//
-		// statement_timeout and (PostgreSQL 17 on) transaction_timeout are
-		// 0 for this session: a role's or database's default (ALTER ROLE
-		// ... SET statement_timeout) would end the wait for the migration
-		// lock, which ctx bounds, and a file part-way, which must run to
-		// its end (migration 9 waits up to 10 minutes for fenced
-		// transactions): the migration would fail, and transaction_timeout,
-		// which ends the session, would leave the version dirty.
-		if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),
-       pg_catalog.set_config('statement_timeout', '0', false),
-       (SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'transaction_timeout')`); err != nil {
-			return fmt.Errorf("pin the search path and the timeouts: %w", err)
-		}
-		if err := b.lock(ctx, conn); err != nil {
-			return err
-		}
-		defer b.unlock(conn)
-		// Created only when missing, as golang-migrate does: CREATE TABLE
-		// IF NOT EXISTS needs CREATE on the schema even when the table is
-		// there, which a replica's least-privileged role lacks. Under the
-		// lock: concurrent creations can fail.
-		if err := b.create(ctx, conn); err != nil {
-			return err
-		}
-		cur, dirty, err := b.read(ctx, conn) // create made sure it exists
+	return withLock(ctx, databaseURL, onNotice, func(conn *pgx.Conn, b bookkeeping) error {
+		cur, dirty, err := b.read(ctx, conn) // withLock made sure it exists
 		if err != nil {
 			return err
 		}
@@ -294,6 +263,55 @@ func run(ctx context.Context, databaseURL string, dir direction, opts []Option) 
 		}
 		return nil
 	})
+}
+
+// withLock is withConn on a pinned session (pin) holding the migration
+// lock, with the bookkeeping table created if it was missing: where Up,
+// Down and Force do their work.
+func withLock(ctx context.Context, databaseURL string, onNotice pgconn.NoticeHandler, fn func(*pgx.Conn, bookkeeping) error) error {
+	return withConn(ctx, databaseURL, onNotice, func(conn *pgx.Conn, b bookkeeping) error {
+		if err := pin(ctx, conn); err != nil {
+			return err
+		}
+		if err := b.lock(ctx, conn); err != nil {
+			return err
+		}
+		defer b.unlock(conn)
+		// Created only when missing, as golang-migrate does: CREATE TABLE
+		// IF NOT EXISTS needs CREATE on the schema even when the table is
+		// there, which a replica's least-privileged role lacks. Under the
+		// lock: concurrent creations can fail.
+		if err := b.create(ctx, conn); err != nil {
+			return err
+		}
+		return fn(conn, b)
+	})
+}
+
+// pin sets the session's search path to pg_catalog alone and its
+// statement_timeout and (PostgreSQL 17 on) transaction_timeout to 0.
+//
+// The files name pgfence's objects schema-qualified and PostgreSQL's
+// unqualified. With the role's own search path, a look-alike that another
+// role created in one of its schemas (public, before PostgreSQL 15) is
+// chosen where it matches an argument type better than the built-in (oid
+// <> integer): run as this role by a DO block, or bound into a SQL
+// function's body. pg_catalog alone leaves no choice; the bookkeeping
+// table was found with the role's path, and is named schema-qualified.
+//
+// A role's or database's default timeout (ALTER ROLE ... SET
+// statement_timeout) would end the wait for the migration lock, which ctx
+// bounds, and a file part-way, which must run to its end (migration 9
+// waits up to 10 minutes for fenced transactions): the migration would
+// fail, and transaction_timeout, which ends the session, would leave the
+// version dirty.
+func pin(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false),
+       pg_catalog.set_config('statement_timeout', '0', false),
+       (SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'transaction_timeout')`); err != nil {
+		return fmt.Errorf("pin the search path and the timeouts: %w", err)
+	}
+	return nil
 }
 
 // checkDown refuses a Down that would stop part-way, before it changes

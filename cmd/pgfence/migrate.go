@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -14,8 +16,8 @@ import (
 
 func newMigrateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "migrate up|down|version",
-		Short: "Apply, revert or show pgfence's schema migrations",
+		Use:   "migrate up|down|version|force",
+		Short: "Apply, revert, show or record pgfence's schema migrations",
 		Long: `Apply, revert or show pgfence's schema (schema pgfence), from the migrations
 embedded in this binary. golang-migrate's bookkeeping table is
 ` + migrations.Table + `, so pgfence's history never collides with the
@@ -29,6 +31,8 @@ application's own golang-migrate history.
   version  print the applied version ("0" when none), and "(dirty)" after a
            migration whose outcome is unknown (one the server refused
            changed nothing and leaves the version as it was)
+  force N  record version N as applied, clean, running nothing: after a
+           dirty version, once you have checked what the migration did
 
 The upstream migrate CLI works on the same files:
   migrate -path ./migrations -database 'pgx5://user@host/db?x-migrations-table=` + migrations.Table + `' up`,
@@ -66,19 +70,48 @@ The upstream migrate CLI works on the same files:
 					return err
 				}
 				if dirty {
-					fmt.Fprintf(cmd.OutOrStdout(), "%d (dirty: a migration did not finish, and its outcome is unknown; check the schema, then force the version with the upstream migrate CLI)\n", v)
+					fmt.Fprintf(cmd.OutOrStdout(), "%d (dirty: a migration did not finish, and its outcome is unknown; check the schema, then record the right version with: pgfence migrate force N)\n", v)
 					return &exitError{code: exitFailure}
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%d\n", v)
 				return nil
 			}),
 		},
+		&cobra.Command{
+			Use:   "force N",
+			Short: "Record version N as applied, clean, without running a migration",
+			Args:  argsUsage(cobra.ExactArgs(1)),
+			RunE: action(func(cmd *cobra.Command, args []string) error {
+				v, err := strconv.ParseUint(args[0], 10, 0)
+				if err != nil {
+					return usageErrorf("migrate force: want a version number (0 for none), got %q", args[0])
+				}
+				if latest, err := migrations.Latest(); err == nil && v > uint64(latest) {
+					// Before connecting; Force checks again.
+					return usageErrorf("migrate force: version %d is not one of pgfence's migrations (0 to %d)", v, latest)
+				}
+				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				conn := g.connString()
+				if err := checkConnect(ctx, conn); err != nil {
+					return err
+				}
+				if err := migrations.Force(ctx, conn, uint(v)); err != nil {
+					if errors.Is(err, migrations.ErrInvalid) {
+						return usageError(err)
+					}
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "migrate force: schema pgfence recorded at version %d, clean (no migration was run)\n", v)
+				return nil
+			}),
+		},
 	)
 	cmd.Args = argsUsage(func(c *cobra.Command, args []string) error {
 		if len(args) == 0 {
-			return fmt.Errorf("migrate needs a subcommand: up, down or version")
+			return fmt.Errorf("migrate needs a subcommand: up, down, version or force")
 		}
-		return fmt.Errorf("unknown migrate subcommand %q: want up, down or version", args[0])
+		return fmt.Errorf("unknown migrate subcommand %q: want up, down, version or force", args[0])
 	})
 	cmd.RunE = action(func(*cobra.Command, []string) error { return nil })
 	return cmd

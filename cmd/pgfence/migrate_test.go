@@ -80,3 +80,36 @@ func TestMigrateUpVersionDown(t *testing.T) {
 		t.Fatalf("version after down: exit %d, stdout %q; want 0", r.code, r.stdout)
 	}
 }
+
+// TestMigrateForce (scenario: a migration's connection was lost, the
+// version is dirty, and the operator has checked that nothing of it
+// committed). version says dirty and names force; force records the
+// version, clean, without running anything; up then goes on from there.
+func TestMigrateForce(t *testing.T) {
+	t.Parallel()
+	_ = pgtest.URL(t) // a migrated database: it uses the roles, so they exist
+	url := pgtest.EmptyURL(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE `+migrations.Table+` (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+INSERT INTO `+migrations.Table+` VALUES (1, true)`); err != nil {
+		t.Fatal(err)
+	}
+	if r := db(t, url, "migrate", "version"); r.code != exitFailure || !strings.Contains(r.stdout, "1 (dirty") || !strings.Contains(r.stdout, "pgfence migrate force N") {
+		t.Fatalf("version when dirty: exit %d, stdout %q; want exit %d, dirty, and how to force", r.code, r.stdout, exitFailure)
+	}
+	if r := db(t, url, "migrate", "force", "0"); r.code != 0 || !strings.Contains(r.stdout, "recorded at version 0, clean (no migration was run)") {
+		t.Fatalf("force 0: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := db(t, url, "migrate", "version"); r.code != 0 || r.stdout != "0\n" {
+		t.Fatalf("version after force 0: exit %d, stdout %q; want 0", r.code, r.stdout)
+	}
+	latest := itoa(latestMigration(t))
+	if r := db(t, url, "migrate", "up"); r.code != 0 || !strings.Contains(r.stdout, "version "+latest) {
+		t.Fatalf("up after force: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}

@@ -49,8 +49,11 @@ func TestUsageErrors(t *testing.T) {
 		{"release without force", []string{"leases", "release", "job"}, "add --force"},
 		{"release without name", []string{"leases", "release", "--force"}, "accepts 1 arg"},
 		{"locks key without name", []string{"locks", "key"}, "accepts 1 arg"},
-		{"migrate without subcommand", []string{"migrate"}, "up, down or version"},
+		{"migrate without subcommand", []string{"migrate"}, "up, down, version or force"},
 		{"migrate sideways", []string{"migrate", "sideways"}, `unknown migrate subcommand "sideways"`},
+		{"migrate force without version", []string{"migrate", "force"}, "accepts 1 arg"},
+		{"migrate force not a number", []string{"migrate", "force", "v4"}, `want a version number (0 for none), got "v4"`},
+		{"migrate force unknown version", []string{"migrate", "force", "1000"}, "version 1000 is not one of pgfence's migrations"},
 		{"demo one worker", []string{"demo", "--workers", "1"}, "--workers must be between 2 and 50"},
 		{"demo no periods", []string{"demo", "--periods", "0"}, "--periods must be between 1 and 1000"},
 		// The frozen worker stays frozen for --ttl, each period takes
