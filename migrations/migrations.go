@@ -443,14 +443,15 @@ func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, from uint, s step
 }
 
 // rolledBack reports whether a file that failed with err committed
-// nothing: the server raised an ERROR (not FATAL: the session lives on),
-// and the session is idle again, outside any transaction. Every file is
-// one transaction (TestFilesAreOneTransaction), and the server skips the
-// rest of a multi-statement query after an error.
+// nothing: the server raised an ERROR (not FATAL: the session lives on;
+// the unlocalized severity, whatever lc_messages says), and the session is
+// idle again, outside any transaction. Every file is one transaction
+// (TestFilesAreOneTransaction), and the server skips the rest of a
+// multi-statement query after an error.
 func rolledBack(conn *pgx.Conn, err error) bool {
 	var pgErr *pgconn.PgError
 	pg := conn.PgConn()
-	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR" && !pg.IsClosed() && pg.TxStatus() == 'I'
+	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR" && !pg.IsClosed() && pg.TxStatus() == 'I'
 }
 
 // bookkeeping is the version table and the advisory lock, named as

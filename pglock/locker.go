@@ -293,8 +293,8 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 	return released, err
 }
 
-// keep reports whether a session whose acquire of s failed with err may go
-// back to the pool: when the server refused a key while waiting for it
+// keep reports whether a session whose acquire failed with err may go back
+// to the pool: when the server refused a key while waiting for it
 // (refused: its lock_timeout, a deadlock, a full lock table) and the
 // session, still backend pid, has given back every advisory lock it held
 // (sqlReleaseAll: those of a set taken before the refused key, and the
