@@ -449,9 +449,15 @@ func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, from uint, s step
 // (TestFilesAreOneTransaction), and the server skips the rest of a
 // multi-statement query after an error.
 func rolledBack(conn *pgx.Conn, err error) bool {
-	var pgErr *pgconn.PgError
 	pg := conn.PgConn()
-	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR" && !pg.IsClosed() && pg.TxStatus() == 'I'
+	return statementError(err) && !pg.IsClosed() && pg.TxStatus() == 'I'
+}
+
+// statementError reports whether err is the server's ERROR, which ends
+// the statement (and the transaction) but not the session.
+func statementError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR"
 }
 
 // bookkeeping is the version table and the advisory lock, named as
