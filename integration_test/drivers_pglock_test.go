@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -160,14 +161,21 @@ func TestDriversLockAbandonedWait(t *testing.T) {
 	})
 }
 
-// startWait runs waiter.Lock(wctx, "w") in a goroutine, and returns the
-// backend that queues for it (of application "waiter", read on admin
-// within ctx) and the channel that receives Lock's error.
-func startWait(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waiter *pglock.Locker, wctx context.Context) (int32, <-chan error) {
+// startWait runs waiter.Lock(wctx, "w"), or LockAll of names if any, in a
+// goroutine, and returns the backend that queues for it (of application
+// "waiter", read on admin within ctx) and the channel that receives its
+// error.
+func startWait(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waiter *pglock.Locker, wctx context.Context, names ...string) (int32, <-chan error) {
 	t.Helper()
 	errc := make(chan error, 1)
 	go func() {
-		_, err := waiter.Lock(wctx, "w")
+		var err error
+		switch {
+		case len(names) > 0:
+			_, err = waiter.LockAll(wctx, names...)
+		default:
+			_, err = waiter.Lock(wctx, "w")
+		}
 		errc <- err
 	}()
 	var pid int32
@@ -183,9 +191,14 @@ func startWait(t *testing.T, ctx context.Context, admin *pgxpool.Pool, waiter *p
 // A wait whose deadline passes while another session holds the name is
 // ended by the server itself (its lock_timeout) and keeps its session,
 // over every driver: ten such waits wait on one backend, where each
-// waited on another before (its session destroyed). The session stays
-// clean: the next Lock is granted once the name is free.
+// waited on another before (its session destroyed). So does a LockAll
+// whose first name is free, once it has given that name back. The session
+// stays clean: the next Lock is granted once the name is free.
 func TestDriversRefusedWaitKeepsItsSession(t *testing.T) {
+	free := "a" // before "w" in a set: a lower key
+	for i := 0; pglock.Key(free) >= pglock.Key("w"); i++ {
+		free = fmt.Sprintf("a%d", i)
+	}
 	forDrivers(t, func(t *testing.T, d driver, u string, admin *pgxpool.Pool) {
 		ctx := ctxT(t, time.Minute)
 		holder := mustLocker(t, d.open(t, u, "holder"))
@@ -196,18 +209,32 @@ func TestDriversRefusedWaitKeepsItsSession(t *testing.T) {
 		}
 		defer func() { _ = held.Unlock(ctx) }()
 		backends := map[int32]bool{}
-		for i := range 10 {
+		for i := range 20 {
+			var set []string // Lock, then LockAll of the free name and "w"
+			if i%2 == 1 {
+				set = []string{free, "w"}
+			}
 			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			pid, errc := startWait(t, ctx, admin, waiter, wctx)
+			pid, errc := startWait(t, ctx, admin, waiter, wctx, set...)
 			backends[pid] = true
 			err := <-errc
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("wait %d: Lock = %v, want its deadline", i, err)
+				t.Fatalf("wait %d (set %q): %v, want its deadline", i, set, err)
+			}
+			if set == nil {
+				continue
+			}
+			lk, err := holder.TryLock(ctx, free)
+			if err != nil {
+				t.Fatalf("wait %d: %q, taken before the refused name, is not free: %v", i, free, err)
+			}
+			if err := lk.Unlock(ctx); err != nil {
+				t.Fatal(err)
 			}
 		}
 		if len(backends) != 1 {
-			t.Errorf("10 refused waits waited on %d backends, want 1: %v", len(backends), backends)
+			t.Errorf("20 refused waits waited on %d backends, want 1: %v", len(backends), backends)
 		}
 		if err := held.Unlock(ctx); err != nil {
 			t.Fatal(err)
