@@ -107,7 +107,7 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lost := answers.Arm("pgfence.release")
+			lost := answers.Arm(pgtest.ReleaseCall)
 			err = l.Release(callCtx)
 			pgtest.MustHaveLost(t, lost, "Release")
 			if errors.Is(err, leases.ErrLost) {
@@ -117,7 +117,7 @@ func TestLibpqReleaseWhoseAnswerIsLost(t *testing.T) {
 			mustWait(t, 30*time.Second, "the grant to end", ended("job"))
 
 			err = c.Run(callCtx, "run", time.Minute, func(context.Context, *leases.Lease) error {
-				lost = answers.Arm("pgfence.release")
+				lost = answers.Arm(pgtest.ReleaseCall)
 				return nil
 			})
 			pgtest.MustHaveLost(t, lost, "Run's release")

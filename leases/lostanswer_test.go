@@ -104,7 +104,7 @@ func TestReleaseWhoseAnswerIsLost(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					lost := x.answers.Arm("pgfence.release")
+					lost := x.answers.Arm(pgtest.ReleaseCall)
 					err = l.Release(x.callCtx)
 					pgtest.MustHaveLost(t, lost, "Release")
 					if errors.Is(err, ErrLost) {
@@ -114,7 +114,7 @@ func TestReleaseWhoseAnswerIsLost(t *testing.T) {
 					pgtest.WaitFor(t, testTimeout, "the grant to end", func() bool { return !live() })
 
 					err = x.c.Run(x.callCtx, "run", time.Minute, func(context.Context, *Lease) error {
-						lost = x.answers.Arm("pgfence.release")
+						lost = x.answers.Arm(pgtest.ReleaseCall)
 						return nil
 					})
 					pgtest.MustHaveLost(t, lost, "Run's release")
