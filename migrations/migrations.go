@@ -42,7 +42,7 @@ const applicationName = "pgfence migrations"
 // or the upstream CLI's failed. Check the schema by hand, then record the
 // right version with Force (pgfence migrate force N). A file that the server
 // refused leaves the version as it was, clean (see Up).
-var ErrDirty = errors.New("migrations: database is dirty: a migration failed part-way")
+var ErrDirty = errors.New("migrations: database is dirty: a migration did not finish")
 
 // ErrDownRefused is returned by Down when reverting the migrations would
 // fail part-way: an object outside schema pgfence depends on it (a view
