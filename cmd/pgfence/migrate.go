@@ -18,7 +18,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate up|down|version|force",
 		Short: "Apply, revert, show or record pgfence's schema migrations",
-		Long: `Apply, revert or show pgfence's schema (schema pgfence), from the migrations
+		Long: `Apply, revert, show or record pgfence's schema (schema pgfence), from the migrations
 embedded in this binary. golang-migrate's bookkeeping table is
 ` + migrations.Table + `, so pgfence's history never collides with the
 application's own golang-migrate history.
