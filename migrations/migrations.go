@@ -450,14 +450,7 @@ func apply(ctx context.Context, conn *pgx.Conn, b bookkeeping, from uint, s step
 // multi-statement query after an error.
 func rolledBack(conn *pgx.Conn, err error) bool {
 	pg := conn.PgConn()
-	return statementError(err) && !pg.IsClosed() && pg.TxStatus() == 'I'
-}
-
-// statementError reports whether err is the server's ERROR, which ends
-// the statement (and the transaction) but not the session.
-func statementError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR"
+	return pgerr.StatementError(err) && !pg.IsClosed() && pg.TxStatus() == 'I'
 }
 
 // bookkeeping is the version table and the advisory lock, named as

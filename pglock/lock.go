@@ -3,7 +3,6 @@ package pglock
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -11,10 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbx"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // A Lock is a held session-scoped advisory lock, or a set of them taken
@@ -188,7 +187,7 @@ func (lk *Lock) unlock(ctx context.Context) error {
 	}
 	released, err := unlockKeys(ctx, lk.session(), lk.keys, lk.shared)
 	switch {
-	case err != nil && ctx.Err() == nil && !statementError(err):
+	case err != nil && ctx.Err() == nil && !pgerr.StatementError(err):
 		// The session was gone before the unlock reached it (terminated,
 		// or its connection broken) and the monitor had not seen it yet:
 		// the lock was lost, nobody knows when.
@@ -227,15 +226,6 @@ func (lk *Lock) loseAt(why string, cause lostCause, err error) {
 	lk.cancel(ErrLost)
 	lk.l.tel.destroyed(lk.logName, lk.pid, why)
 	lk.l.tel.logLost(lk, cause, err, end)
-}
-
-// statementError reports whether err is an error of the statement that a
-// live session answered (severity ERROR), after which the session still
-// held its locks. Any other error — FATAL, a broken connection, or another
-// driver's error — is taken to mean that the session is gone.
-func statementError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Severity == "ERROR"
 }
 
 // session is the pinned session, over pgx or database/sql.

@@ -32,7 +32,7 @@ func PgError(err error) *pgconn.PgError {
 	}
 	var s stater
 	if errors.As(err, &s) {
-		return &pgconn.PgError{Severity: "ERROR", Code: s.SQLState(), Message: s.(error).Error()}
+		return &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: s.SQLState(), Message: s.(error).Error()}
 	}
 	return nil
 }

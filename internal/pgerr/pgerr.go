@@ -96,3 +96,14 @@ func Permanent(err error) bool {
 
 // dataException is the class of SQLSTATEs of bad data (22xxx).
 const dataException = "22"
+
+// StatementError reports whether err is an error that a live session
+// raised for a statement (severity ERROR): the statement, and its
+// transaction, ended; the session did not. Any other error — FATAL, a
+// broken connection, another driver's error — may mean that the session is
+// gone. It reads the unlocalized severity: the other follows lc_messages
+// (a German server says FEHLER).
+func StatementError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.SeverityUnlocalized == "ERROR"
+}

@@ -3,6 +3,7 @@ package pgerr
 import (
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,6 +47,29 @@ func TestHint(t *testing.T) {
 		}
 		if c.hint != "" && wrapped.Error() != c.hint+": "+c.err.Error() {
 			t.Errorf("WithHint(%v) = %q", c.err, wrapped)
+		}
+	}
+}
+
+// The server's ERROR is told by its unlocalized severity: lc_messages
+// translates the other (a German server says FEHLER). A refused migration
+// file leaves the version clean, and a pglock Unlock that failed is not a
+// loss, only after it; FATAL ends the session, and an error of the
+// client's (the connection lost) leaves the outcome unknown.
+func TestStatementError(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "55P03"}, true},
+		{fmt.Errorf("run: %w", &pgconn.PgError{Severity: "FEHLER", SeverityUnlocalized: "ERROR", Code: "55P03"}), true},
+		{&pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01"}, false},
+		{&pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "FATAL", Code: "25P04"}, false},
+		{io.ErrUnexpectedEOF, false},
+		{nil, false},
+	} {
+		if got := StatementError(c.err); got != c.want {
+			t.Errorf("StatementError(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }
