@@ -113,9 +113,9 @@
 // (PostgreSQL may grant the lock at the very moment the client gives up; a
 // cancel request may arrive after the statement it was meant for), an
 // unlock that failed or returned false, a failed liveness check — the
-// connection is taken out of the pool and closed. Closing the session releases every session lock
-// it held, so a lock is never left behind on a pooled connection for the
-// next borrower to hold unknowingly.
+// connection is taken out of the pool and closed. Closing the session
+// releases every session lock it held, so a lock is never left behind on a
+// pooled connection for the next borrower to hold unknowingly.
 //
 // An abandoned wait never leaves a backend waiting. A backend waiting for a
 // lock does not read its socket, so closing the connection alone would
