@@ -179,6 +179,9 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 	}
 	if !stop() {
 		<-cleaned
+		if bySelf && err == nil {
+			err = errLateGrant
+		}
 		if bySelf && refused(err) {
 			return backend, false, err // see wait
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/pgerr"
@@ -151,10 +152,7 @@ func TestRefusedWaitKeepsItsConnection(t *testing.T) {
 func testRefusedWaits(t *testing.T, base, u string, deadline, set, dbsql bool, waits int) {
 	ctx := testContext(t)
 	name := "held/" + t.Name() // the subtests share the database
-	free := ""                 // taken first: a lower key
-	for i := 0; set && (free == "" || Key(free) >= Key(name)); i++ {
-		free = fmt.Sprintf("free%d/%s", i, t.Name())
-	}
+	free := freeBelow(t, name)
 	other := newLocker(t, newPool(t, base, 2))
 	holder, err := other.Lock(ctx, name)
 	if err != nil {
@@ -233,4 +231,135 @@ type countingConnector struct {
 func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	c.n.Add(1)
 	return c.Connector.Connect(ctx)
+}
+
+// A wait granted as its deadline passed — the client's timer has fired,
+// and the server, whose lock_timeout starts when the statement arrives,
+// grants the lock before it fires — is given back and keeps its
+// connection, like a refused one: nothing was sent to end the wait.
+// The statement is held up on the wire for 900ms of the wait's 1s, so
+// the server's lock_timeout fires about 900ms after the client's
+// deadline; the holder lets go as that deadline passes. The grant's
+// answer must then come within pglock's answerWait (250ms), or pglock
+// cancels the wait and destroys the connection (the premise is checked).
+func TestLateGrantKeepsItsConnection(t *testing.T) {
+	t.Parallel()
+	u := pgtest.URL(t)
+	for _, set := range []bool{false, true} {
+		for _, driver := range []string{"pgx", "database/sql"} {
+			op := "Lock"
+			if set {
+				op = "LockAll"
+			}
+			t.Run(op+"/"+driver, func(t *testing.T) {
+				t.Parallel()
+				testLateGrant(t, u, set, driver == "database/sql")
+			})
+		}
+	}
+}
+
+// freeBelow returns a name of t's whose key is below name's: a set's
+// LockAll takes it before name.
+func freeBelow(t *testing.T, name string) string {
+	for i := 0; ; i++ {
+		if free := fmt.Sprintf("free%d/%s", i, t.Name()); Key(free) < Key(name) {
+			return free
+		}
+	}
+}
+
+func testLateGrant(t *testing.T, u string, set, dbsql bool) {
+	ctx := testContext(t)
+	name := "late/" + t.Name()
+	free := freeBelow(t, name)
+	other := newLocker(t, newPool(t, u, 2))
+	holder, err := other.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wire pgtest.LateWrites
+	pool := pgtest.PoolFor(t, u, func(cfg *pgxpool.Config) {
+		cfg.MaxConns = 2 // one idle: the locks check below asks the wait's session
+		cfg.ConnConfig.DialFunc = wire.Dial
+	})
+	l, opened := newLocker(t, pool), func() int64 { return pool.Stat().NewConnsCount() }
+	locks := func(ctx context.Context) (n int, err error) { // the pool's session's advisory locks
+		err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&n)
+		return n, err
+	}
+	if dbsql {
+		var connects atomic.Int64
+		db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), &connects})
+		t.Cleanup(func() { _ = db.Close() })
+		db.SetMaxOpenConns(2)
+		if l, err = NewDB(db); err != nil {
+			t.Fatal(err)
+		}
+		opened = connects.Load
+		locks = func(ctx context.Context) (n int, err error) {
+			err = db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&n)
+			return n, err
+		}
+	}
+	if _, err := locks(ctx); err != nil { // the connection the wait will use
+		t.Fatal(err)
+	}
+	before := opened()
+
+	names := []string{name}
+	if set {
+		names = append(names, free)
+	}
+	sending := wire.Arm("pg_advisory_lock(", 900*time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		var lk *Lock
+		var err error
+		if set {
+			lk, err = l.LockAll(wctx, names...)
+		} else {
+			lk, err = l.Lock(wctx, name)
+		}
+		if err == nil {
+			err = lk.Unlock(ctx)
+			if err == nil {
+				err = errors.New("granted")
+			}
+		}
+		done <- err
+	}()
+	<-wctx.Done()
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	select {
+	case <-sending:
+	default:
+		t.Fatal("the blocking acquire was never seen on the wire")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%s%q = %v, want %v", map[bool]string{false: "Lock", true: "LockAll"}[set], names, err, context.DeadlineExceeded)
+	}
+	if n, err := locks(ctx); err != nil || n != 0 {
+		t.Errorf("the wait's session holds %d advisory locks (%v), want 0", n, err)
+	}
+	if n := opened(); n != before {
+		t.Errorf("the late grant's wait opened %d connections, want 0 (its session was not kept; the wait's error: %v)", n-before, err)
+		if !errors.Is(err, errLateGrant) {
+			t.Log("pglock did not report a late grant (errLateGrant): the grant's answer may have come more than 250ms after the deadline")
+		}
+	}
+	for _, n := range names {
+		lk, err := other.TryLock(ctx, n)
+		if err != nil {
+			t.Fatalf("%q after the late grant: %v", n, err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -52,17 +52,19 @@
 // All or none. A try that finds one name held gives back the names it
 // took before it (TryXactLockAll rolls back to a savepoint, which releases
 // transaction locks taken after it) and reports the first name held. A
-// blocking call that fails or whose ctx ends part-way may hold some names
-// on its session, which is then destroyed (session scope) or must be
-// rolled back (transaction scope).
+// blocking call that fails part-way keeps none of the set: in session
+// scope its session gives back what it took before the call returns (a
+// wait the server refused: see the connection-destroy rule) or is
+// destroyed, and the server frees them as it exits; in transaction scope
+// the caller must roll back.
 //
 // Each name held takes a slot of PostgreSQL's shared lock table, which
 // every session's locks share: max_locks_per_transaction ×
 // (max_connections + max_prepared_transactions) slots, and some slack. A
 // set larger than what is left fails with SQLSTATE 53200 ("out of shared
-// memory") and keeps nothing: in session scope the server frees what it
-// took as the destroyed session exits, just after the call returns. Its
-// error quotes its first names only.
+// memory") and keeps nothing: in session scope the session gives back
+// what it took before the call returns. Its error quotes its first names
+// only.
 //
 // No deadlock, with one rule: ask for all the locks you need at once, and
 // ask for none while you hold one. Every call that waits then holds only
@@ -104,18 +106,19 @@
 // its lock state is certain — after a TryLock that PostgreSQL refused, an
 // unlock that PostgreSQL confirmed (pg_advisory_unlock returned true), or a
 // wait that the server itself ended (its lock_timeout, which carries ctx's
-// deadline, a deadlock, a full lock table) before pglock sent anything to
-// end it, once the same session has released every advisory lock it held
-// and shown in pg_locks that it holds none: a set's names before the
-// refused one, and the refused name itself when a lock_timeout fired as
-// it was granted (the statement then fails with the lock held). Whenever
-// the state is in doubt — any other acquire that failed or was abandoned
-// (PostgreSQL may grant the lock at the very moment the client gives up; a
-// cancel request may arrive after the statement it was meant for), an
-// unlock that failed or returned false, a failed liveness check — the
-// connection is taken out of the pool and closed. Closing the session
-// releases every session lock it held, so a lock is never left behind on a
-// pooled connection for the next borrower to hold unknowingly.
+// deadline, a deadlock, a full lock table) or granted just as ctx's
+// deadline passed, before pglock sent anything to end it, once the same
+// session has released every advisory lock it held and shown in pg_locks
+// that it holds none: a set's names before the refused one, the refused
+// name itself when a lock_timeout fired as it was granted (the statement
+// then fails with the lock held), and a late grant (the call returns ctx's
+// error). Whenever the state is in doubt — any other acquire that failed or
+// was abandoned (PostgreSQL may grant the lock at the very moment the
+// client gives up; a cancel request may arrive after the statement it was
+// meant for), an unlock that failed or returned false, a failed liveness
+// check — the connection is taken out of the pool and closed. Closing the
+// session releases every session lock it held, so a lock is never left
+// behind on a pooled connection for the next borrower to hold unknowingly.
 //
 // An abandoned wait never leaves a backend waiting. A backend waiting for a
 // lock does not read its socket, so closing the connection alone would

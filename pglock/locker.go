@@ -295,10 +295,11 @@ func unlockKeys(ctx context.Context, conn dbx.Querier, keys []int64, shared bool
 
 // keep reports whether a session whose acquire failed with err may go back
 // to the pool: when the server refused a key while waiting for it
-// (refused: its lock_timeout, a deadlock, a full lock table) and the
-// session, still backend pid, has given back every advisory lock it held
-// (sqlReleaseAll: those of a set taken before the refused key, and the
-// refused key itself when a lock_timeout fired as it was granted). A wait
+// (refused: its lock_timeout, a deadlock, a full lock table), or granted
+// it only as ctx's deadline passed (errLateGrant), and the session, still
+// backend pid, has given back every advisory lock it held (sqlReleaseAll:
+// those of a set taken before the refused key, and the refused key itself
+// when a lock_timeout fired as it was granted, or the grant). A wait
 // abandoned at ctx's end never gets here unless the server refused it by
 // itself before pglock sent anything to end it (wait), so no cancel
 // request can reach the next borrower's statement. Keeping it saves a

@@ -47,8 +47,8 @@ const answerWait = 250 * time.Millisecond
 // abandoned true; the caller must then destroy conn, whatever err says.
 // Of several keys, those before the one awaited are then held by conn's
 // session, which is one more reason to destroy it. A wait the server
-// refused by itself at ctx's deadline (refused) before anything was sent
-// to end it is not abandoned: see keep. known is the pid of conn's
+// refused by itself at ctx's deadline, or granted as it passed (refused),
+// before anything was sent to end it is not abandoned: see keep. known is the pid of conn's
 // session if it is proven (proven.go), or 0.
 func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool, known uint32) (pid uint32, abandoned bool, err error) {
 	short := known != 0 && len(keys) == 1 // the statement returns the lock function's result only
@@ -99,16 +99,30 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 	}
 	if !stop() {
 		<-cleaned
+		if bySelf && err == nil {
+			err = errLateGrant
+		}
 		return pid, !(bySelf && refused(err)), err
 	}
 	return pid, false, err
 }
 
+// errLateGrant: the server granted a wait after ctx's deadline had passed
+// for the client, and before its own lock_timeout, which carries the same
+// deadline, fired (it starts when the statement arrives). Nothing was sent
+// to end the wait, so, like a refused one, the session may give the lock
+// back and stay (keep); the caller gets ctx's error.
+var errLateGrant = errors.New("granted as the deadline passed, and given back")
+
 // refused reports whether err is the server's refusal of a wait, raised
-// while it waited: its lock_timeout, a deadlock, a full lock table. Only
-// such a wait may keep its session, and only once keep has released what
-// the session holds (see sqlReleaseAll).
+// while it waited: its lock_timeout, a deadlock, a full lock table; or a
+// grant that came as the deadline passed (errLateGrant). Only such a wait
+// may keep its session, and only once keep has released what the session
+// holds (see sqlReleaseAll).
 func refused(err error) bool {
+	if errors.Is(err, errLateGrant) {
+		return true
+	}
 	switch pgerr.Code(err) {
 	case pgerr.LockNotAvailable, pgerr.DeadlockDetected, pgerr.OutOfMemory:
 		return true
