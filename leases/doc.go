@@ -134,23 +134,25 @@
 // pgfence_leases (payload: the name) — but only when some client waits for
 // or observes the lease, which it says by holding the name's wait key (see
 // interest.go): a notifying commit serialises with every other. The row
-// stays, expired: rows are never
-// deleted, so every grant after a name's first draws its fence under the
-// row lock, after the previous grant committed, and fences increase in
-// grant order. Waiting acquirers listen on a dedicated connection per
-// Client, beside a second one that holds the wait keys (both taken from
-// the pool and hijacked when something first waits, observes or leads),
-// so a waiter on another
-// replica holds the lease about one round trip after the release. Within
-// one Client, waiters on a name queue up and only the head attempts, so a
-// release costs one attempt per Client, not one per waiter; a release by
-// the same Client wakes the head directly. A waiter also wakes just after
-// the holder's expires_at (computed by the server as a remaining duration),
-// and polls at WithPollInterval (jittered), backing off from 50ms while no
-// listener works. Behind a pooler in transaction or statement mode LISTEN
-// succeeds but notifications never arrive: after LISTEN the listener sends
-// itself a probe NOTIFY from another connection, and if the probe does not
-// come back within 2s it logs that once at Info, stops, and waiters poll.
+// stays, expired: rows are never deleted, so every grant after a name's
+// first draws its fence under the row lock, after the previous grant
+// committed, and fences increase in grant order. Waiting acquirers listen on
+// a dedicated connection per Client, beside a second one that holds the wait
+// keys (both taken from the pool and hijacked when something first waits,
+// observes or leads), so a waiter on another replica holds the lease about
+// one round trip after the release. Within one Client, waiters on a name
+// queue up and only the head attempts, so a release costs one attempt per
+// Client, not one per waiter; a release by the same Client wakes the head
+// directly. A waiter also wakes just after the holder's expires_at (computed
+// by the server as a remaining duration), and polls at WithPollInterval
+// (jittered), backing off from 50ms while no listener works. When the
+// listener starts listening (again), it wakes every waiter and has every
+// lease its Client holds renewed at once: a release, force-release or
+// hand-over request it could not hear meanwhile is found that way. Behind a
+// pooler in transaction or statement mode LISTEN succeeds but notifications
+// never arrive: after LISTEN the listener sends itself a probe NOTIFY from
+// another connection, and if the probe does not come back within 2s it logs
+// that once at Info, stops, and waiters poll.
 //
 // # Requested hand-over
 //

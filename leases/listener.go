@@ -20,7 +20,8 @@ import (
 // on the other it holds the wait keys of the names this client waits for
 // (see interest.go), so that releases of those names notify; and it wakes
 // the head waiter and the observers of each released name. Whenever LISTEN
-// (re)starts it wakes every waiter and observer, since releases may have
+// (re)starts it wakes every waiter and observer, and has every held lease
+// renewed, since releases, force-releases and hand-over requests may have
 // gone unnoticed meanwhile. If LISTEN fails, waiters poll with backoff and
 // the listener retries every so often.
 //
@@ -272,10 +273,22 @@ func (c *Client) wakeName(name string) {
 	}
 }
 
-// wakeAll wakes every head waiter and every observer.
+// wakeAll wakes every head waiter and every observer, and has the
+// keepalive renew every held lease now (in its batch): a force-release or
+// a hand-over request made while nothing listened notified nobody, and
+// the renewal finds it.
 func (c *Client) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if now := time.Now(); len(c.held) > 0 {
+		for _, l := range c.held {
+			if l.nextRenew.After(now) {
+				l.nextRenew = now
+			}
+		}
+		c.nextDue = now
+		c.kickKeepalive()
+	}
 	for _, q := range c.queues {
 		if len(q.waiters) > 0 {
 			signal(q.waiters[0].wake)
