@@ -151,8 +151,9 @@
 // hand-over request it could not hear meanwhile is found that way. Behind a
 // pooler in transaction or statement mode LISTEN succeeds but notifications
 // never arrive: after LISTEN the listener sends itself a probe NOTIFY from
-// another connection, and if the probe does not come back within 2s it logs
-// that once at Info, stops, and waiters poll.
+// another connection, and if three probes in a row (a few seconds apart)
+// do not come back within 2s each it logs that once at Info, stops, and
+// waiters poll.
 //
 // # Requested hand-over
 //

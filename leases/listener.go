@@ -35,11 +35,13 @@ import (
 // another connection of the pool (never from its own: a session always
 // receives its own notifications, and behind the pooler its own NOTIFY
 // would run on the very session that listens) and waits up to
-// probeTimeout for it. Only then does it count as listening. If the probe
-// never arrives, notifications are off for the rest of the Client's life:
-// it logs that once at Info, closes its connection and exits, and waiters
-// poll (WithPollInterval). A probe that cannot be sent is an ordinary
-// listener failure, retried with backoff.
+// probeTimeout for it. Only then does it count as listening. A probe that
+// does not arrive is retried with backoff, on a new connection, like any
+// listener failure (a loaded machine may be that slow once); if
+// probeAttempts probes in a row never arrive, notifications are off for
+// the rest of the Client's life: it logs that once at Info, closes its
+// connection and exits, and waiters poll (WithPollInterval). A probe that
+// cannot be sent is an ordinary listener failure, retried with backoff.
 //
 // A probe's payload is probePrefix, 64 random hex digits and filler up to
 // MaxNameLen+50 bytes. Lease names are at most MaxNameLen bytes, so a probe
@@ -59,6 +61,10 @@ const (
 	// arrives within a round trip; the generous bound keeps a loaded
 	// machine from switching notifications off for good.
 	probeTimeout = 2 * time.Second
+	// probeAttempts is how many probes in a row must fail to arrive before
+	// the listener gives up for good: one late probe on a loaded machine
+	// must not turn notifications off for the Client's life.
+	probeAttempts = 3
 
 	// probePrefix starts every probe payload. A probe payload is longer
 	// than MaxNameLen, so it can never be a lease name.
@@ -103,19 +109,29 @@ func (c *Client) listen() {
 	defer c.wg.Done()
 	ctx := c.shutdown
 	backoff := listenRetryMin
+	late := 0 // probes in a row that did not arrive
 	for {
 		err := c.listenOnce(ctx)
 		c.setListening(false)
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errNoNotifications) {
+		switch {
+		case !errors.Is(err, errNoNotifications):
+			late = 0
+		case late+1 >= probeAttempts:
 			// Leave c.listening set: no listener starts again.
 			c.log.Info("leases: notifications do not reach this client (a pooler in transaction or statement mode, such as PgBouncer?); waiters poll from now on",
 				"poll_interval", c.cfg.pollInterval)
 			return
+		default:
+			late++
 		}
-		c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", backoff)
+		if late > 0 {
+			c.log.Info("leases: the listener's probe notification did not arrive in time; listening again", "attempt", late, "retry", backoff)
+		} else {
+			c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", backoff)
+		}
 		t := time.NewTimer(jitter(backoff))
 		select {
 		case <-ctx.Done():
@@ -242,6 +258,10 @@ func (c *Client) probe(ctx context.Context, conn *pgx.Conn) error {
 			return dbError("listener: wait for probe notification", err)
 		}
 		if n.Channel == notifyChannel && n.Payload == payload {
+			if c.hooks.lateProbes > 0 {
+				c.hooks.lateProbes--
+				continue
+			}
 			return nil
 		}
 		c.notified(n)

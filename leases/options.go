@@ -81,6 +81,10 @@ type hooks struct {
 	onWait func(name string)
 	// listening is closed when LISTEN first succeeds.
 	listening chan struct{}
+	// lateProbes is how many of the listener's probes arrive too late:
+	// it ignores their notifications (a loaded machine). Set before the
+	// listener starts; only the listener touches it after that.
+	lateProbes int
 	// cancelRequest, if set, replaces the cancel request of a grant whose
 	// caller gave up: returning nil without sending simulates a request
 	// lost on the way (a proxy that drops it), an error one that could
