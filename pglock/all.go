@@ -113,11 +113,12 @@ var (
 // package documentation's Several names section for the one rule).
 //
 // All or none: if ctx ends or the statement fails part-way, the session,
-// which may hold some of the names, gives them back before LockAll
-// returns when the server refused the wait by itself (its lock_timeout,
-// which carries ctx's deadline, a deadlock, a full lock table), and is
-// destroyed otherwise. ctx is honoured as in Lock. Unlock releases every name; the loss of the
-// session loses every name (one Context for the set).
+// which may hold some of the names, gives them back before LockAll returns
+// when the server refused the wait by itself (its lock_timeout, which
+// carries ctx's deadline, a deadlock, a full lock table) or granted it as
+// ctx's deadline passed, and is destroyed otherwise. ctx is honoured as in
+// Lock. Unlock releases every name; the loss of the session loses every
+// name (one Context for the set).
 //
 // An empty names, an invalid name, a nil ctx or a nil Locker return an
 // error matching ErrInvalid before anything is taken.

@@ -42,13 +42,13 @@ const answerWait = 250 * time.Millisecond
 
 // wait runs the blocking acquire of keys on conn: of one key, shared or
 // exclusive, or of several, exclusive, one after the other in the order
-// given (one statement). If ctx ends before the statement does, it
-// returns only after the wait is over on the server (see above), with
-// abandoned true; the caller must then destroy conn, whatever err says.
-// Of several keys, those before the one awaited are then held by conn's
-// session, which is one more reason to destroy it. A wait the server
-// refused by itself at ctx's deadline, or granted as it passed (refused),
-// before anything was sent to end it is not abandoned: see keep. known is the pid of conn's
+// given (one statement). If ctx ends before the statement does, it returns
+// only after the wait is over on the server (see above), with abandoned
+// true; the caller must then destroy conn, whatever err says. Of several
+// keys, those before the one awaited are then held by conn's session, which
+// is one more reason to destroy it. A wait the server refused by itself at
+// ctx's deadline, or granted as it passed (refused), before anything was
+// sent to end it is not abandoned: see keep. known is the pid of conn's
 // session if it is proven (proven.go), or 0.
 func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, shared bool, known uint32) (pid uint32, abandoned bool, err error) {
 	short := known != 0 && len(keys) == 1 // the statement returns the lock function's result only
