@@ -53,8 +53,14 @@ func TestDeadlineStormLeavesNoLock(t *testing.T) {
 	pool, st, took := runStorm(t, "dstorm/", rounds, true)
 	t.Logf("%d Lock calls in %v (%d rounds of %d with every waiter queued at the release): %d waiters granted, %d past their deadline; the pool opened %d connections",
 		st.calls.Load(), took, st.queued.Load(), 3*rounds, st.granted.Load(), st.cancelled.Load(), pool.Stat().NewConnsCount())
-	if n := pool.Stat().NewConnsCount(); !t.Failed() && n >= st.cancelled.Load() {
-		t.Errorf("the pool opened %d connections for %d waits past their deadline: none was kept", n, st.cancelled.Load())
+	// Every wait past its deadline keeps its session unless pglock had
+	// to cancel it (the server's answer came more than answerWait late):
+	// the pool opens its first connections and few more. (When a wait
+	// granted as its deadline passed was destroyed: 222-320 for about
+	// 1,130 waits.) A tenth of the waits is far above what a loaded
+	// machine's late answers cost here (0-1).
+	if n, most := pool.Stat().NewConnsCount(), int64(pool.Config().MaxConns)+st.cancelled.Load()/10; !t.Failed() && n > most {
+		t.Errorf("the pool opened %d connections for %d waits past their deadline, want at most %d: waits lost their sessions", n, st.cancelled.Load(), most)
 	}
 	checkStormLeftNoLock(t, pool, st)
 }
