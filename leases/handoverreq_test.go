@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -117,7 +118,10 @@ func TestHandoverHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	c, err := New(pool, WithOwner("helper"))
+	// Its log goes to the test's output: when the hand-over is slow, it
+	// says when the leader listened and heard the request.
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	c, err := New(pool, WithOwner("helper"), WithLogger(log.With("process", "helper")))
 	if err != nil {
 		t.Fatal(err)
 	}

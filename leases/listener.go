@@ -185,7 +185,7 @@ func (c *Client) listenOnce(ctx context.Context) error {
 	}()
 	defer func() { lost(nil); <-watched }() // before stopInterest
 	c.setListening(true)
-	c.wakeAll()
+	c.log.Debug("leases: listening for releases; waking waiters, renewing held leases", "held", c.wakeAll())
 	for {
 		n, err := conn.WaitForNotification(wctx)
 		if err != nil {
@@ -296,8 +296,8 @@ func (c *Client) wakeName(name string) {
 // wakeAll wakes every head waiter and every observer, and has the
 // keepalive renew every held lease now (in its batch): a force-release or
 // a hand-over request made while nothing listened notified nobody, and
-// the renewal finds it.
-func (c *Client) wakeAll() {
+// the renewal finds it. It returns how many leases are held.
+func (c *Client) wakeAll() (held int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if now := time.Now(); len(c.held) > 0 {
@@ -319,4 +319,5 @@ func (c *Client) wakeAll() {
 			signal(o.wake)
 		}
 	}
+	return len(c.held)
 }
