@@ -278,6 +278,7 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = holder.Unlock(ctx) }() // on a failure before the release below
 	var wire pgtest.LateWrites
 	pool := pgtest.PoolFor(t, u, func(cfg *pgxpool.Config) {
 		cfg.MaxConns = 2 // one idle: the locks check below asks the wait's session
