@@ -23,6 +23,7 @@ const (
 	QueryCanceled          = "57014" // a cancel request or statement_timeout
 	AdminShutdown          = "57P01" // pg_terminate_backend or a server shutdown
 	TransactionTimeout     = "25P04" // transaction_timeout (PostgreSQL 17) ended the session
+	IdleInTxTimeout        = "25P03" // idle_in_transaction_session_timeout ended the session
 	SerializationFailure   = "40001" // repeatable read or serializable: a concurrent update or dependency
 	DeadlockDetected       = "40P01"
 	OutOfMemory            = "53200" // out of shared memory: PostgreSQL's lock table is full
@@ -38,6 +39,7 @@ const (
 	HintCanceled    = "the server cancelled the statement: the session's statement_timeout (pgfence's waits need statement_timeout = 0, or above the longest wait), or a cancel request"
 	HintTerminated  = "the server ended the session (pg_terminate_backend or a shutdown)"
 	HintTxTimeout   = "the session's transaction_timeout ended the session (pgfence's waits need transaction_timeout = 0, or above the longest wait)"
+	HintIdleInTx    = "the session's idle_in_transaction_session_timeout ended the session: the transaction stayed idle between statements longer than it allows (a frozen or slow holder, or work done outside the database inside a transaction)"
 )
 
 // Code returns the SQLSTATE of the first *pgconn.PgError in err's chain,
@@ -67,6 +69,8 @@ func Hint(err error) string {
 		return HintTerminated
 	case TransactionTimeout:
 		return HintTxTimeout
+	case IdleInTxTimeout:
+		return HintIdleInTx
 	}
 	return ""
 }

@@ -28,6 +28,7 @@ func TestHint(t *testing.T) {
 		{pg(QueryCanceled), HintCanceled, false},
 		{pg(AdminShutdown), HintTerminated, false},
 		{pg(TransactionTimeout), HintTxTimeout, false},
+		{pg(IdleInTxTimeout), HintIdleInTx, false},
 		{pg("23505"), "", false},
 		{pg("22P05"), "", true}, // untranslatable_character
 		{pg("22023"), "", true}, // invalid_parameter_value
