@@ -133,7 +133,7 @@ func configure(opts []Option, dbsql bool) (*Client, error) {
 		tr:            newTracer(cfg),
 		fenced:        fenced,
 		kick:          make(chan struct{}, 1),
-		hooks:         hooks{listening: make(chan struct{})},
+		hooks:         hooks{listening: make(chan struct{}), listenSteady: listenSteady},
 		held:          make(map[string]*Lease),
 		releasing:     make(map[string]int),
 		queues:        make(map[string]*queue),

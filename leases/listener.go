@@ -23,7 +23,9 @@ import (
 // (re)starts it wakes every waiter and observer, and has every held lease
 // renewed, since releases, force-releases and hand-over requests may have
 // gone unnoticed meanwhile. If LISTEN fails, waiters poll with backoff and
-// the listener retries every so often.
+// the listener retries, from half a second doubling to 30s; once it has
+// listened for listenSteady, its next failure starts from half a second
+// again.
 //
 // # The probe
 //
@@ -51,6 +53,12 @@ import (
 const (
 	listenRetryMin = 500 * time.Millisecond
 	listenRetryMax = 30 * time.Second
+	// listenSteady is how long a listener must have listened for its next
+	// failure to be retried from listenRetryMin again: the backoff an
+	// outage grew must not delay the recovery from a failure days later,
+	// and a listener that fails as soon as it listens must not reconnect
+	// every half second.
+	listenSteady = time.Minute
 
 	// probeSendTimeout bounds sending the probe (acquiring a pool
 	// connection included); failing to send is retried, not taken as a
@@ -111,10 +119,13 @@ func (c *Client) listen() {
 	backoff := listenRetryMin
 	late := 0 // probes in a row that did not arrive
 	for {
-		err := c.listenOnce(ctx)
+		began, err := c.listenOnce(ctx)
 		c.setListening(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if !began.IsZero() && time.Since(began) >= c.hooks.listenSteady {
+			backoff = listenRetryMin
 		}
 		switch {
 		case !errors.Is(err, errNoNotifications):
@@ -143,15 +154,16 @@ func (c *Client) listen() {
 	}
 }
 
-// listenOnce runs one listener connection until it fails or ctx ends.
-func (c *Client) listenOnce(ctx context.Context) error {
+// listenOnce runs one listener connection until it fails or ctx ends. It
+// returns when it began to listen (zero if it never did).
+func (c *Client) listenOnce(ctx context.Context) (began time.Time, err error) {
 	conn, err := c.hijack(ctx)
 	if err != nil {
-		return err
+		return began, err
 	}
 	defer closeConn(conn)
 	if _, err := conn.Exec(ctx, sqlListen); err != nil {
-		return dbError("listener: LISTEN", err)
+		return began, dbError("listener: LISTEN", err)
 	}
 	if err := c.probe(ctx, conn); err != nil {
 		if errors.Is(err, errNoNotifications) {
@@ -165,17 +177,17 @@ func (c *Client) listenOnce(ctx context.Context) error {
 			_, _ = conn.Exec(uctx, sqlUnlisten)
 			cancel()
 		}
-		return err
+		return began, err
 	}
 	iconn, err := c.hijack(ctx)
 	if err != nil {
-		return err
+		return began, err
 	}
 	defer closeConn(iconn)
 	wctx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
 	if err := c.startInterest(ctx, iconn, lost); err != nil {
-		return err
+		return began, err
 	}
 	defer c.stopInterest()
 	watched := make(chan struct{})
@@ -185,17 +197,18 @@ func (c *Client) listenOnce(ctx context.Context) error {
 	}()
 	defer func() { lost(nil); <-watched }() // before stopInterest
 	c.setListening(true)
+	began = time.Now()
 	c.log.Debug("leases: listening for releases; waking waiters, renewing held leases", "held", c.wakeAll())
 	for {
 		n, err := conn.WaitForNotification(wctx)
 		if err != nil {
 			switch {
 			case errors.Is(err, context.Canceled) && ctx.Err() != nil:
-				return nil
+				return began, nil
 			case wctx.Err() != nil:
-				return context.Cause(wctx) // errInterestLost
+				return began, context.Cause(wctx) // errInterestLost
 			}
-			return dbError("listener: wait for notification", err)
+			return began, dbError("listener: wait for notification", err)
 		}
 		c.notified(n)
 	}

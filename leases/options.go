@@ -81,6 +81,8 @@ type hooks struct {
 	onWait func(name string)
 	// listening is closed when LISTEN first succeeds.
 	listening chan struct{}
+	// listenSteady is listenSteady, shorter in tests.
+	listenSteady time.Duration
 	// lateProbes is how many of the listener's probes arrive too late:
 	// it ignores their notifications (a loaded machine). Set before the
 	// listener starts; only the listener touches it after that.

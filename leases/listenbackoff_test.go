@@ -1,0 +1,52 @@
+package leases
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// A listener that has listened for a while starts again from the
+// shortest backoff when it fails, not from where earlier failures left
+// it: six times in a row its connection's backend is terminated after it
+// has listened for listenSteady (shortened to 300ms here), and each time
+// it listens again within 3s. Before, the backoff only grew: 0.5s, 1s,
+// 2s, 4s, 8s, each jittered to between half and all of it, so the fifth
+// restart took at least 2s and the sixth at least 4s.
+func TestListenerBackoffResetsAfterListening(t *testing.T) {
+	t.Parallel()
+	c, pool := setup(t)
+	c.hooks.listenSteady = 300 * time.Millisecond
+	ctx := testContext(t)
+	waitListening(t, c)
+	listening := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.listenOK
+	}
+	for i := range 6 {
+		var pid int32
+		pgtest.WaitFor(t, testTimeout, "the listener's backend", func() bool {
+			err := pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+				WHERE datname = current_database() AND query = $1 AND state = 'idle'`, sqlListen).Scan(&pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid != 0 && listening()
+		})
+		// The premise: it has listened for longer than listenSteady.
+		time.Sleep(400 * time.Millisecond)
+		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend($1, 10000)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		pgtest.WaitFor(t, testTimeout, "the listener to notice", func() bool { return !listening() })
+		start := time.Now()
+		pgtest.WaitFor(t, testTimeout, "the listener to listen again", listening)
+		took := time.Since(start)
+		t.Logf("restart %d: listening again after %s", i+1, took.Round(time.Millisecond))
+		if took > 3*time.Second {
+			t.Errorf("restart %d took %s, want within 3s (the shortest backoff, 0.5s, and a reconnect)", i+1, took)
+		}
+	}
+}
