@@ -130,6 +130,7 @@ func (c *Client) listen() {
 		switch {
 		case !errors.Is(err, errNoNotifications):
 			late = 0
+			c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", backoff)
 		case late+1 >= probeAttempts:
 			// Leave c.listening set: no listener starts again.
 			c.log.Info("leases: notifications do not reach this client (a pooler in transaction or statement mode, such as PgBouncer?); waiters poll from now on",
@@ -137,11 +138,7 @@ func (c *Client) listen() {
 			return
 		default:
 			late++
-		}
-		if late > 0 {
 			c.log.Info("leases: the listener's probe notification did not arrive in time; listening again", "attempt", late, "retry", backoff)
-		} else {
-			c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", backoff)
 		}
 		t := time.NewTimer(jitter(backoff))
 		select {
@@ -313,7 +310,8 @@ func (c *Client) wakeName(name string) {
 func (c *Client) wakeAll() (held int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if now := time.Now(); len(c.held) > 0 {
+	if len(c.held) > 0 {
+		now := time.Now()
 		for _, l := range c.held {
 			if l.nextRenew.After(now) {
 				l.nextRenew = now
