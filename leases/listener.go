@@ -127,10 +127,11 @@ func (c *Client) listen() {
 		if !began.IsZero() && time.Since(began) >= c.hooks.listenSteady {
 			backoff = listenRetryMin
 		}
+		wait := jitter(backoff)
 		switch {
 		case !errors.Is(err, errNoNotifications):
 			late = 0
-			c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", backoff)
+			c.log.Warn("leases: listener failed; waiters poll until it is back", "err", err, "retry", wait)
 		case late+1 >= probeAttempts:
 			// Leave c.listening set: no listener starts again.
 			c.log.Info("leases: notifications do not reach this client (a pooler in transaction or statement mode, such as PgBouncer?); waiters poll from now on",
@@ -138,9 +139,9 @@ func (c *Client) listen() {
 			return
 		default:
 			late++
-			c.log.Info("leases: the listener's probe notification did not arrive in time; listening again", "attempt", late, "retry", backoff)
+			c.log.Info("leases: the listener's probe notification did not arrive in time; listening again", "attempt", late, "retry", wait)
 		}
-		t := time.NewTimer(jitter(backoff))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
