@@ -159,17 +159,7 @@ func testRefusedWaits(t *testing.T, base, u string, deadline, set, dbsql bool, w
 		t.Fatal(err)
 	}
 	defer func() { _ = holder.Unlock(ctx) }()
-	pool := newPool(t, u, 4)
-	l, opened := newLocker(t, pool), func() int64 { return pool.Stat().NewConnsCount() }
-	if dbsql {
-		var connects atomic.Int64
-		db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), &connects})
-		t.Cleanup(func() { _ = db.Close() })
-		if l, err = NewDB(db); err != nil {
-			t.Fatal(err)
-		}
-		opened = connects.Load
-	}
+	l, _, opened := lockerOn(t, newPool(t, u, 4), dbsql)
 	names := []string{name}
 	if set {
 		names = append(names, free)
@@ -220,6 +210,25 @@ func testRefusedWaits(t *testing.T, base, u string, deadline, set, dbsql bool, w
 	if err := lk.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// lockerOn returns a Locker over pool, or, if dbsql, over a *sql.DB with
+// pool's connection settings and size (then also returned), and a count
+// of the connections it has opened.
+func lockerOn(t *testing.T, pool *pgxpool.Pool, dbsql bool) (*Locker, *sql.DB, func() int64) {
+	t.Helper()
+	if !dbsql {
+		return newLocker(t, pool), nil, func() int64 { return pool.Stat().NewConnsCount() }
+	}
+	connects := new(atomic.Int64)
+	db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), connects})
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(int(pool.Config().MaxConns))
+	l, err := NewDB(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, db, connects.Load
 }
 
 // countingConnector counts the connections database/sql opens.
@@ -284,24 +293,15 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 		cfg.MaxConns = 2 // one idle: the locks check below asks the wait's session
 		cfg.ConnConfig.DialFunc = wire.Dial
 	})
-	l, opened := newLocker(t, pool), func() int64 { return pool.Stat().NewConnsCount() }
-	locks := func(ctx context.Context) (n int, err error) { // the pool's session's advisory locks
-		err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&n)
+	l, db, opened := lockerOn(t, pool, dbsql)
+	const sessionLocks = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`
+	locks := func(ctx context.Context) (n int, err error) { // a pooled session's advisory locks
+		if db != nil {
+			err = db.QueryRowContext(ctx, sessionLocks).Scan(&n)
+		} else {
+			err = pool.QueryRow(ctx, sessionLocks).Scan(&n)
+		}
 		return n, err
-	}
-	if dbsql {
-		var connects atomic.Int64
-		db := sql.OpenDB(countingConnector{stdlib.GetConnector(*pool.Config().ConnConfig.Copy()), &connects})
-		t.Cleanup(func() { _ = db.Close() })
-		db.SetMaxOpenConns(2)
-		if l, err = NewDB(db); err != nil {
-			t.Fatal(err)
-		}
-		opened = connects.Load
-		locks = func(ctx context.Context) (n int, err error) {
-			err = db.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&n)
-			return n, err
-		}
 	}
 	if _, err := locks(ctx); err != nil { // the connection the wait will use
 		t.Fatal(err)
