@@ -1,10 +1,12 @@
 package leases
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -39,7 +41,8 @@ func TestHandoverAcrossProcesses(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHandoverHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnvHandoverURL+"="+url)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	listened := &watchWriter{w: os.Stderr, match: "leases: listening for releases", seen: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = os.Stderr, listened
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -51,6 +54,14 @@ func TestHandoverAcrossProcesses(t *testing.T) {
 		<-exited
 	})
 	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pgfence.leases WHERE name = $1 AND owner LIKE 'helper-%' AND expires_at > clock_timestamp())`, "deploy/leader")
+	// The premise: the leader listens (TestRequestBeforeListening covers a
+	// request that comes before; on a loaded machine its LISTEN can come
+	// seconds after the grant).
+	select {
+	case <-listened.seen:
+	case <-ctx.Done():
+		t.Fatal("the leader's client never logged that it listens")
+	}
 
 	waiting := make(chan struct{}, 1)
 	b := hookWait(newClient(t, pool, WithOwner("next"), WithPollInterval(time.Minute)), func(string) { signal(waiting) })
@@ -102,6 +113,29 @@ func TestHandoverAcrossProcesses(t *testing.T) {
 	case <-ctx.Done():
 		t.Error("helper process did not exit after handing over")
 	}
+}
+
+// watchWriter writes to w and closes seen once what was written contains
+// match (across writes). os/exec calls Write from one goroutine.
+type watchWriter struct {
+	w     io.Writer
+	match string
+	seen  chan struct{}
+	found bool
+	tail  []byte // the end of what was written, shorter than match
+}
+
+func (ww *watchWriter) Write(p []byte) (int, error) {
+	if !ww.found {
+		buf := append(ww.tail, p...)
+		if bytes.Contains(buf, []byte(ww.match)) {
+			ww.found, ww.tail = true, nil
+			close(ww.seen)
+		} else {
+			ww.tail = bytes.Clone(buf[max(0, len(buf)-len(ww.match)+1):])
+		}
+	}
+	return ww.w.Write(p)
 }
 
 // TestHandoverHelperProcess is the leader of TestHandoverAcrossProcesses:
