@@ -55,10 +55,10 @@ func TestListenerBackoffResetsAfterListening(t *testing.T) {
 		pgtest.WaitFor(t, testTimeout, "the listener to listen again", listening)
 		took := time.Since(start)
 		failures := retryRecords(t, logs.String(), "leases: listener failed")
-		if len(failures) != i+1 {
+		if len(failures) < i+1 {
 			t.Fatalf("%d failures logged after restart %d, want %d:\n%s", len(failures), i+1, i+1, logs.String())
 		}
-		f := failures[i]
+		f := failures[len(failures)-1] // the attempt that listened came after it
 		t.Logf("restart %d: listening again after %s (logged retry %s)", i+1, took.Round(time.Millisecond), f.Retry.Round(time.Millisecond))
 		if took > 3*time.Second {
 			t.Errorf("restart %d took %s, want within 3s (the shortest backoff, 0.5s, and a reconnect)", i+1, took)
