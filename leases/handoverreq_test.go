@@ -457,3 +457,33 @@ func TestHandoverIsNamedInFnError(t *testing.T) {
 		t.Errorf("RequestHandover of the Once: %v", err)
 	}
 }
+
+// watchWriter finds its text split across writes, forwards every byte,
+// and does not fire on a near miss.
+func TestWatchWriter(t *testing.T) {
+	var out bytes.Buffer
+	ww := &watchWriter{w: &out, match: "listening for releases", seen: make(chan struct{})}
+	for _, p := range []string{"a listening for rel", "ax; ", "listening for rel"} {
+		if _, err := ww.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-ww.seen:
+		t.Fatal("seen before the text was written")
+	default:
+	}
+	for _, p := range []string{"eases", " and more"} {
+		if _, err := ww.Write([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-ww.seen:
+	default:
+		t.Fatal("not seen after the text was written across two writes")
+	}
+	if want := "a listening for relax; listening for releases and more"; out.String() != want {
+		t.Errorf("forwarded %q, want %q", out.String(), want)
+	}
+}
