@@ -2,6 +2,7 @@ package fencing_test
 
 import (
 	"context"
+	"crypto/rand"
 	"strconv"
 	"testing"
 	"time"
@@ -266,12 +267,13 @@ func TestTruncateUnderRLS(t *testing.T) {
 	u := pool.Config().ConnConfig
 	role := "pgfence_tenant_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	id := pgx.Identifier{role}.Sanitize()
+	password := rand.Text() // a server the tests share may ask for one
 	for _, q := range []string{
 		`CREATE TABLE tenants (id int PRIMARY KEY, tenant text NOT NULL, fence bigint NOT NULL DEFAULT 0)`,
 		`SELECT pgfence.protect('tenants')`,
 		`ALTER TABLE tenants ENABLE ROW LEVEL SECURITY`,
 		`CREATE POLICY own ON tenants USING (tenant = current_user)`,
-		`CREATE ROLE ` + id + ` LOGIN IN ROLE pgfence_client`,
+		`CREATE ROLE ` + id + ` LOGIN PASSWORD '` + password + `' IN ROLE pgfence_client`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON tenants TO ` + id,
 	} {
 		mustExec(t, pool, q)
@@ -294,7 +296,7 @@ func TestTruncateUnderRLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := u.Copy()
-	cfg.User = role
+	cfg.User, cfg.Password = role, password
 	conn, err := pgx.ConnectConfig(bg, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -346,16 +346,13 @@ INSERT INTO pgfence.leases (name, owner, fence, acquired_at, renewed_at, expires
 func TestRoleNamedPgfence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	u := pgtest.EmptyURL(t)
-	admin := connect(t, u)
-	var exists bool
-	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgfence')`).Scan(&exists); err != nil {
+	// A cluster of the test's own: a role is the cluster's, and a superuser
+	// named pgfence must neither be left on a server the tests share nor
+	// be one of its own that the test would use (and drop).
+	c := pgtest.StartCluster(t)
+	u := c.URL("postgres")
+	if _, err := connect(t, u).Exec(ctx, `CREATE ROLE pgfence LOGIN SUPERUSER`); err != nil {
 		t.Fatal(err)
-	}
-	if !exists {
-		if _, err := admin.Exec(ctx, `CREATE ROLE pgfence LOGIN SUPERUSER`); err != nil && sqlstateOf(err) != "42710" {
-			t.Fatal(err)
-		}
 	}
 	pu, err := url.Parse(u)
 	if err != nil {

@@ -37,12 +37,15 @@ func loginRole(t *testing.T, u, member string) string {
 func newRole(t *testing.T, u string, setup ...string) (id, roleURL string) {
 	t.Helper()
 	ctx := context.Background()
-	b := make([]byte, 6)
+	b := make([]byte, 6+16)
 	_, _ = rand.Read(b)
-	name := "pgfence_app_" + hex.EncodeToString(b)
+	name := "pgfence_app_" + hex.EncodeToString(b[:6])
+	// A password: a server the tests share may ask for one (scram-sha-256
+	// on TCP is Debian's default).
+	password := hex.EncodeToString(b[6:])
 	id = pgx.Identifier{name}.Sanitize()
 	admin := connect(t, u)
-	for _, q := range append([]string{`CREATE ROLE {role} LOGIN`}, setup...) {
+	for _, q := range append([]string{`CREATE ROLE {role} LOGIN PASSWORD '` + password + `'`}, setup...) {
 		q = strings.ReplaceAll(q, "{role}", id)
 		if _, err := admin.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -67,7 +70,7 @@ func newRole(t *testing.T, u string, setup ...string) (id, roleURL string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ru.User = url.User(name)
+	ru.User = url.UserPassword(name, password)
 	return id, ru.String()
 }
 

@@ -46,6 +46,9 @@ func TestProxyURLKeywordValue(t *testing.T) {
 	}
 	kv := fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable",
 		pu.Hostname(), pu.Port(), pu.User.Username(), strings.TrimPrefix(pu.Path, "/"))
+	if pw, ok := pu.User.Password(); ok { // a server the tests share may ask for one
+		kv += " password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "'"
+	}
 	cutAndRestore(t, kv)
 }
 

@@ -168,7 +168,22 @@ func TestRoleWithoutCreateDB(t *testing.T) {
 	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN NOCREATEDB PASSWORD 'nocreatedb'"); err != nil {
 		t.Fatalf("create a role without CREATEDB (the test's role needs CREATEROLE): %v", err)
 	}
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE "+role) })
+	// On a connection of its own: the deferred Close above has closed
+	// admin by the time cleanups run, and a role is the cluster's, so one
+	// left behind outlives the test (and fails its next run by name).
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, u)
+		if err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP ROLE "+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
 	cfg, err := pgx.ParseConfig(u)
 	if err != nil {
 		t.Fatal(err)
