@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/gocmd"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -97,7 +98,7 @@ func cliEnv(extra ...string) []string {
 		}
 		env = append(env, kv)
 	}
-	return append(append(env, envCLI+"=1"), extra...)
+	return append(append(env, envCLI+"=1", gocmd.QuickExit()), extra...)
 }
 
 func isLibpqEnv(k string) bool {

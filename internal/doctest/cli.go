@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/pgfence/pgfence/internal/gocmd"
 )
 
 // Command is one command of the pgfence CLI, as its --help output
@@ -44,9 +46,7 @@ var (
 
 func loadCommand(bin string, path []string) (*Command, error) {
 	cmd := exec.Command(bin, append(append([]string{}, path...), "--help")...)
-	// Built with -race under CI (goCmd): without this, each run would sleep
-	// a second at exit, waiting for race reports.
-	cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	cmd.Env = append(os.Environ(), gocmd.QuickExit()) // built with -race under CI (goCmd)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("pgfence %s --help: %w: %s", strings.Join(path, " "), err, out)

@@ -28,3 +28,17 @@ func TestGOFLAGSFollowsTheBuild(t *testing.T) {
 		t.Errorf("GOFLAGS(\"\") = %q, want %q", got, want)
 	}
 }
+
+// TestQuickExitKeepsTheOptions: the child exits at once and keeps the
+// race detector's other options from the test's own GORACE.
+func TestQuickExitKeepsTheOptions(t *testing.T) {
+	for gorace, want := range map[string]string{
+		"":                "GORACE=atexit_sleep_ms=0",
+		"halt_on_error=1": "GORACE=halt_on_error=1 atexit_sleep_ms=0",
+	} {
+		t.Setenv("GORACE", gorace)
+		if got := QuickExit(); got != want {
+			t.Errorf("QuickExit() with GORACE=%q = %q, want %q", gorace, got, want)
+		}
+	}
+}
