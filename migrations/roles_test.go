@@ -45,13 +45,12 @@ func newRole(t *testing.T, u string, setup ...string) (id, roleURL string) {
 	password := hex.EncodeToString(b[6:])
 	id = pgx.Identifier{name}.Sanitize()
 	admin := connect(t, u)
-	for _, q := range append([]string{`CREATE ROLE {role} LOGIN PASSWORD '` + password + `'`}, setup...) {
-		q = strings.ReplaceAll(q, "{role}", id)
-		if _, err := admin.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
+	// Not in the loop below, whose failures print the statement: the
+	// password stays out of the log.
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+id+` LOGIN PASSWORD '`+password+`'`); err != nil {
+		t.Fatalf("create role %s: %v", id, err)
 	}
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the setup, which may fail
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		admin, err := pgx.Connect(ctx, u)
@@ -66,6 +65,12 @@ func newRole(t *testing.T, u string, setup ...string) (id, roleURL string) {
 			}
 		}
 	})
+	for _, q := range setup {
+		q = strings.ReplaceAll(q, "{role}", id)
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 	ru, err := url.Parse(u)
 	if err != nil {
 		t.Fatal(err)
