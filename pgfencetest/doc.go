@@ -17,9 +17,10 @@
 //  1. PGFENCE_TEST_DATABASE_URL, if set: an existing server whose role may
 //     CREATE DATABASE. Nothing is started. (Set explicitly, it wins.) What
 //     stays on it: the migrated template (a database named pgfence_tpl_
-//     and a hash of the migrations, which later runs reuse) and, where the
-//     role may create them, the roles pgfence_client and pgfence_operator,
-//     which the migrations create for the whole cluster.
+//     and a hash of the migrations and the role, which the role's later
+//     runs reuse) and, where the role may create them, the roles
+//     pgfence_client and pgfence_operator, which the migrations create for
+//     the whole cluster.
 //  2. A container, started through the Docker Engine API, when a Docker
 //     engine answers; the image is PGFENCE_POSTGRES_IMAGE, default
 //     postgres:17-alpine.

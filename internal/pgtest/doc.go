@@ -31,10 +31,11 @@
 //
 // Each test gets its own database, cloned (CREATE DATABASE … TEMPLATE) from a
 // template that has pgfence's migrations applied. The template's name carries
-// a hash of the migration files, so test processes of several packages share
-// it safely and a changed migration gets a new one. Tests and packages can
-// therefore run in parallel without seeing each other's rows, leases or
-// protected tables. Advisory locks are per database too (their lock tag
+// a hash of the migration files and of the role that applied them, so test
+// processes of several packages share it safely, a changed migration gets a
+// new one, and so does each role on a server that several share. Tests and
+// packages can therefore run in parallel without seeing each other's rows,
+// leases or protected tables. Advisory locks are per database too (their lock tag
 // includes the database OID).
 //
 // # Throwaway clusters

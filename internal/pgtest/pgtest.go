@@ -329,19 +329,19 @@ func createDBHint(err error) string {
 }
 
 // template returns the name of the migrated template database on s,
-// building it once per server under an advisory lock so that concurrent test
-// processes build it once.
+// building it once per server and role under an advisory lock so that
+// concurrent test processes build it once. The name carries the role's
+// name: on a server several people share (PGFENCE_TEST_DATABASE_URL), a
+// template migrated by another role holds a schema its owner's privileges
+// decide, which the cloning role may not use (nothing in schema pgfence
+// is PUBLIC's), and one migrated by a role that could not create
+// pgfence_client and pgfence_operator grants them nothing.
 func template(s *server) (string, error) {
 	tplMu.Lock()
 	defer tplMu.Unlock()
 	if tplName != "" {
 		return tplName, nil
 	}
-	hash, err := migrationsHash()
-	if err != nil {
-		return "", err
-	}
-	name := "pgfence_tpl_" + hash
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, s.adminURL)
@@ -349,6 +349,15 @@ func template(s *server) (string, error) {
 		return "", redact.ErrorFor(fmt.Errorf("connect to %s: %w", s.source, err), s.adminURL)
 	}
 	defer admin.Close(context.Background())
+	var role string
+	if err := admin.QueryRow(ctx, "SELECT current_user").Scan(&role); err != nil {
+		return "", fmt.Errorf("read the role: %w", err)
+	}
+	hash, err := migrationsHash(role)
+	if err != nil {
+		return "", err
+	}
+	name := "pgfence_tpl_" + hash
 	// Any constant works; this one spells "pgfence tpl".
 	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(7451941893224720236)"); err != nil {
 		return "", fmt.Errorf("lock template build: %w", err)
@@ -385,9 +394,11 @@ func template(s *server) (string, error) {
 	return name, nil
 }
 
-// migrationsHash identifies the content of the embedded migrations.
-func migrationsHash() (string, error) {
+// migrationsHash identifies the content of the embedded migrations, as
+// applied by role.
+func migrationsHash(role string) (string, error) {
 	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00", role)
 	var names []string
 	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -2,6 +2,7 @@ package pgtest_test
 
 import (
 	"context"
+	"crypto/rand"
 	"net"
 	"net/url"
 	"os"
@@ -158,19 +159,56 @@ func TestRoleWithoutCreateDB(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	childURL := loginRole(t, "pgfence_nocreatedb_", "NOCREATEDB")
+	out, err := childTest(ctx, pgtest.EnvURL+"="+childURL).CombinedOutput()
+	if err == nil {
+		t.Fatalf("child with a role without CREATEDB passed:\n%s", out)
+	}
+	if !strings.Contains(string(out), "needs CREATEDB") {
+		t.Fatalf("child failed without saying that the role needs CREATEDB:\n%s", out)
+	}
+}
+
+// TestSecondRoleGetsATemplateOfItsOwn (scenario: two people share one
+// server through PGFENCE_TEST_DATABASE_URL, with roles of their own). The
+// second, who may create databases and nothing more, must get databases
+// whose pgfence schema it can use. It got clones of the first role's
+// template, whose schema only that role (and pgfence_client) may use:
+// "permission denied for schema pgfence".
+func TestSecondRoleGetsATemplateOfItsOwn(t *testing.T) {
+	if os.Getenv("PGFENCE_TEST_CHILD") != "" {
+		t.Skip("already the child")
+	}
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	childURL := loginRole(t, "pgfence_second_", "CREATEDB") // after this role's template exists
+	out, err := childTest(ctx, pgtest.EnvURL+"="+childURL).CombinedOutput()
+	if err != nil {
+		t.Fatalf("child as a second role that may create databases failed: %v\n%s", err, out)
+	}
+}
+
+// loginRole creates, on the server of a new database of t's (pgtest.URL),
+// a login role named prefix and a random suffix, with options and a
+// random password (a server the tests share may ask for one), and returns
+// a URL of that database as the role. When t ends it drops the role and
+// the databases it owns (a template of its own), on a connection of its
+// own: a role is the cluster's, so one left behind outlives the test.
+func loginRole(t *testing.T, prefix, options string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	u := pgtest.URL(t)
 	admin, err := pgx.Connect(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close(context.Background())
-	role := "pgfence_nocreatedb_" + strconv.Itoa(os.Getpid())
-	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN NOCREATEDB PASSWORD 'nocreatedb'"); err != nil {
-		t.Fatalf("create a role without CREATEDB (the test's role needs CREATEROLE): %v", err)
+	role, password := prefix+strings.ToLower(rand.Text()[:10]), rand.Text()
+	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN "+options+" PASSWORD '"+password+"'"); err != nil {
+		t.Fatalf("create role %s (the test's role needs CREATEROLE): %v", role, err)
 	}
-	// On a connection of its own: the deferred Close above has closed
-	// admin by the time cleanups run, and a role is the cluster's, so one
-	// left behind outlives the test (and fails its next run by name).
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -180,6 +218,19 @@ func TestRoleWithoutCreateDB(t *testing.T) {
 			return
 		}
 		defer conn.Close(ctx)
+		rows, _ := conn.Query(ctx, "SELECT datname FROM pg_database WHERE datdba = (SELECT oid FROM pg_roles WHERE rolname = $1)", role)
+		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Errorf("the databases of role %s: %v", role, err)
+		}
+		for _, db := range dbs {
+			id := pgx.Identifier{db}.Sanitize()
+			for _, q := range []string{"ALTER DATABASE " + id + " WITH IS_TEMPLATE false", "DROP DATABASE " + id} {
+				if _, err := conn.Exec(ctx, q); err != nil {
+					t.Errorf("%s: %v", q, err)
+				}
+			}
+		}
 		if _, err := conn.Exec(ctx, "DROP ROLE "+role); err != nil {
 			t.Errorf("drop role %s: %v", role, err)
 		}
@@ -188,21 +239,13 @@ func TestRoleWithoutCreateDB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	childURL := (&url.URL{
+	return (&url.URL{
 		Scheme:   "postgres",
-		User:     url.UserPassword(role, "nocreatedb"),
+		User:     url.UserPassword(role, password),
 		Host:     net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))),
 		Path:     "/" + cfg.Database,
 		RawQuery: "sslmode=disable",
 	}).String()
-
-	out, err := childTest(ctx, pgtest.EnvURL+"="+childURL).CombinedOutput()
-	if err == nil {
-		t.Fatalf("child with a role without CREATEDB passed:\n%s", out)
-	}
-	if !strings.Contains(string(out), "needs CREATEDB") {
-		t.Fatalf("child failed without saying that the role needs CREATEDB:\n%s", out)
-	}
 }
 
 // childTest runs TestURLIsMigratedAndIsolated in a child process, with
