@@ -330,8 +330,8 @@ func createDBHint(err error) string {
 
 // template returns the name of the migrated template database on s,
 // building it once per server and role under an advisory lock so that
-// concurrent test processes build it once. The name carries the role's
-// name: on a server several people share (PGFENCE_TEST_DATABASE_URL), a
+// concurrent test processes build it once. The name carries a hash of
+// the role: on a server several people share (PGFENCE_TEST_DATABASE_URL), a
 // template migrated by another role holds a schema its owner's privileges
 // decide, which the cloning role may not use (nothing in schema pgfence
 // is PUBLIC's), and one migrated by a role that could not create
