@@ -188,7 +188,7 @@ func (l *Locker) waitDB(ctx context.Context, sc *sql.Conn, keys []int64, shared 
 		l.discard(sc, label, backend, "wait abandoned")
 		return backend, true, err
 	}
-	return pid, false, err
+	return pid, false, lateGrant(ctx, err)
 }
 
 // discard closes sc's driver connection, and so its server session, which

@@ -104,14 +104,28 @@ func (l *Locker) wait(ctx context.Context, conn *pgxpool.Conn, keys []int64, sha
 		}
 		return pid, !(bySelf && refused(err)), err
 	}
-	return pid, false, err
+	return pid, false, lateGrant(ctx, err)
+}
+
+// lateGrant returns errLateGrant for a grant (err nil) read after ctx
+// ended, whose clean-up stop kept from starting: a context closes Done
+// before it starts its AfterFunc callbacks, and a loaded machine can make
+// that window longer than a round trip. Nothing was sent to end the wait,
+// so the grant is given back (keep) like one that came as ctx ended; the
+// caller gets ctx's error, as Lock's contract says.
+func lateGrant(ctx context.Context, err error) error {
+	if err == nil && ctx.Err() != nil {
+		return errLateGrant
+	}
+	return err
 }
 
 // errLateGrant: the server granted a wait after ctx's deadline had passed
 // for the client, and before its own lock_timeout, which carries the same
-// deadline, fired (it starts when the statement arrives). Nothing was sent
-// to end the wait, so, like a refused one, the session may give the lock
-// back and stay (keep); the caller gets ctx's error.
+// deadline, fired (it starts when the statement arrives); or the grant was
+// read after ctx ended (lateGrant). Nothing was sent to end the wait, so,
+// like a refused one, the session may give the lock back and stay (keep);
+// the caller gets ctx's error.
 var errLateGrant = errors.New("granted as the deadline passed, and given back")
 
 // refused reports whether err is the server's refusal of a wait, raised
