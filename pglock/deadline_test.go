@@ -315,23 +315,7 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 	sending := wire.Arm("pg_advisory_lock(", 900*time.Millisecond)
 	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		var lk *Lock
-		var err error
-		if set {
-			lk, err = l.LockAll(wctx, names...)
-		} else {
-			lk, err = l.Lock(wctx, name)
-		}
-		if err == nil {
-			err = lk.Unlock(ctx)
-			if err == nil {
-				err = errors.New("granted")
-			}
-		}
-		done <- err
-	}()
+	done := lockAsync(ctx, wctx, l, names)
 	<-wctx.Done()
 	if err := holder.Unlock(ctx); err != nil {
 		t.Fatal(err)
@@ -343,7 +327,7 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 		t.Fatal("the blocking acquire was never seen on the wire")
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("%s%q = %v, want %v", map[bool]string{false: "Lock", true: "LockAll"}[set], names, err, context.DeadlineExceeded)
+		t.Fatalf("%s%q = %v, want %v", lockOp(names), names, err, context.DeadlineExceeded)
 	}
 	if n, err := locks(ctx); err != nil || n != 0 {
 		t.Errorf("the wait's session holds %d advisory locks (%v), want 0", n, err)
@@ -363,4 +347,36 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// lockAsync runs, with wctx, Lock of the one name, or LockAll of several,
+// and sends its error: a grant is unlocked with ctx at once, and sent as
+// the error "granted".
+func lockAsync(ctx, wctx context.Context, l *Locker, names []string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		var lk *Lock
+		var err error
+		if len(names) > 1 {
+			lk, err = l.LockAll(wctx, names...)
+		} else {
+			lk, err = l.Lock(wctx, names[0])
+		}
+		if err == nil {
+			err = lk.Unlock(ctx)
+			if err == nil {
+				err = errors.New("granted")
+			}
+		}
+		done <- err
+	}()
+	return done
+}
+
+// lockOp names the call lockAsync makes for names.
+func lockOp(names []string) string {
+	if len(names) > 1 {
+		return "LockAll"
+	}
+	return "Lock"
 }

@@ -97,23 +97,7 @@ func testGrantAfterCtx(t *testing.T, u string, set, dbsql bool) {
 	l, db, opened := lockerOn(t, newPool(t, u, 2), dbsql)
 
 	wctx, cancel, release := newHeldAfterFuncs(t, ctx)
-	done := make(chan error, 1)
-	go func() {
-		var lk *Lock
-		var err error
-		if set {
-			lk, err = l.LockAll(wctx, names...)
-		} else {
-			lk, err = l.Lock(wctx, name)
-		}
-		if err == nil {
-			err = lk.Unlock(ctx)
-			if err == nil {
-				err = errors.New("granted")
-			}
-		}
-		done <- err
-	}()
+	done := lockAsync(ctx, wctx, l, names)
 	if !pgtest.Poll(10*time.Second, func() bool { return waiters(t, observer) == 1 }) {
 		t.Fatalf("the wait never queued (%d advisory waiters)", waiters(t, observer))
 	}
@@ -125,7 +109,7 @@ func testGrantAfterCtx(t *testing.T, u string, set, dbsql bool) {
 	err = <-done
 	release()
 	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("%s%q = %v, want %v", map[bool]string{false: "Lock", true: "LockAll"}[set], names, err, context.Canceled)
+		t.Fatalf("%s%q = %v, want %v", lockOp(names), names, err, context.Canceled)
 	}
 	if n := opened(); n != before {
 		t.Errorf("the late grant's wait opened %d connections, want 0 (its session was not kept)", n-before)
