@@ -1,8 +1,6 @@
 package fencing_test
 
 import (
-	"context"
-	"crypto/rand"
 	"strconv"
 	"testing"
 	"time"
@@ -11,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencing"
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // The tests in this file attack the guard the way a buggy or hostile
@@ -264,10 +263,6 @@ func wantUnguarded(t *testing.T, pool *pgxpool.Pool, tables ...string) {
 func TestTruncateUnderRLS(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	u := pool.Config().ConnConfig
-	role := "pgfence_tenant_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	id := pgx.Identifier{role}.Sanitize()
-	password := rand.Text() // a server the tests share may ask for one
 	for _, q := range []string{
 		`CREATE TABLE tenants (id int PRIMARY KEY, tenant text NOT NULL, fence bigint NOT NULL DEFAULT 0)`,
 		`SELECT pgfence.protect('tenants')`,
@@ -276,20 +271,8 @@ func TestTruncateUnderRLS(t *testing.T) {
 	} {
 		mustExec(t, pool, q)
 	}
-	// Not by mustExec, whose failure prints the statement: the password
-	// stays out of the log.
-	if _, err := pool.Exec(bg, `CREATE ROLE `+id+` LOGIN PASSWORD '`+password+`' IN ROLE pgfence_client`); err != nil {
-		t.Fatalf("create role %s: %v", id, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for _, q := range []string{`DROP OWNED BY ` + id, `DROP ROLE ` + id} {
-			if _, err := pool.Exec(ctx, q); err != nil {
-				t.Errorf("%s: %v", q, err)
-			}
-		}
-	})
+	role, roleURL := pgtest.LoginRole(t, pool.Config().ConnString(), "IN ROLE pgfence_client")
+	id := pgx.Identifier{role}.Sanitize()
 	mustExec(t, pool, `GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON tenants TO `+id)
 	// Another tenant's row, with a high fence, written by the owner.
 	other := grant(t, pool, "other", time.Minute)
@@ -299,9 +282,7 @@ func TestTruncateUnderRLS(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := u.Copy()
-	cfg.User, cfg.Password = role, password
-	conn, err := pgx.ConnectConfig(bg, cfg)
+	conn, err := pgx.Connect(bg, roleURL)
 	if err != nil {
 		t.Fatal(err)
 	}

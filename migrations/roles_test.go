@@ -2,10 +2,7 @@ package migrations_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -30,53 +27,22 @@ func loginRole(t *testing.T, u, member string) string {
 	return ru
 }
 
-// newRole creates a login role with a random name and runs each statement
+// newRole creates a login role (pgtest.LoginRole) and runs each statement
 // of setup as u's user, with {role} replaced by the role's quoted name;
 // the role, and everything it owns, is dropped when t ends. It returns the
 // quoted name and u rewritten to log in as the role.
 func newRole(t *testing.T, u string, setup ...string) (id, roleURL string) {
 	t.Helper()
-	ctx := context.Background()
-	b := make([]byte, 6+16)
-	_, _ = rand.Read(b)
-	name := "pgfence_app_" + hex.EncodeToString(b[:6])
-	// A password: a server the tests share may ask for one (scram-sha-256
-	// on TCP is Debian's default).
-	password := hex.EncodeToString(b[6:])
+	name, roleURL := pgtest.LoginRole(t, u, "")
 	id = pgx.Identifier{name}.Sanitize()
 	admin := connect(t, u)
-	// Not in the loop below, whose failures print the statement: the
-	// password stays out of the log.
-	if _, err := admin.Exec(ctx, `CREATE ROLE `+id+` LOGIN PASSWORD '`+password+`'`); err != nil {
-		t.Fatalf("create role %s: %v", id, err)
-	}
-	t.Cleanup(func() { // before the setup, which may fail
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, u)
-		if err != nil {
-			t.Errorf("drop role %s: %v", name, err)
-			return
-		}
-		defer admin.Close(ctx)
-		for _, q := range []string{`DROP OWNED BY ` + id, `DROP ROLE ` + id} {
-			if _, err := admin.Exec(ctx, q); err != nil {
-				t.Errorf("%s: %v", q, err)
-			}
-		}
-	})
 	for _, q := range setup {
 		q = strings.ReplaceAll(q, "{role}", id)
-		if _, err := admin.Exec(ctx, q); err != nil {
+		if _, err := admin.Exec(context.Background(), q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	ru, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ru.User = url.UserPassword(name, password)
-	return id, ru.String()
+	return id, roleURL
 }
 
 func sqlstateOf(err error) string {

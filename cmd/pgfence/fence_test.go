@@ -66,7 +66,7 @@ func TestFenceBump(t *testing.T) {
 		}
 	}
 
-	role, roleURL := newRole(t, url)
+	role, roleURL := pgtest.LoginRole(t, url, "")
 	if _, err := conn.Exec(ctx, `GRANT pgfence_client TO `+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}

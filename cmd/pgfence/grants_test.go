@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -15,53 +12,6 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/leases"
 )
-
-// newRole creates a login role with a random name and password on url's
-// server, dropped (with its privileges in url's database) when t ends, and
-// returns url rewritten to log in as it.
-func newRole(t *testing.T, dbURL string) (name, roleURL string) {
-	t.Helper()
-	ctx := context.Background()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name = "pgfence_app_" + hex.EncodeToString(b)
-	_, _ = rand.Read(b)
-	password := hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	id := pgx.Identifier{name}.Sanitize()
-	if _, err := admin.Exec(ctx, "CREATE ROLE "+id+" LOGIN PASSWORD '"+password+"'"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		admin, err := pgx.Connect(ctx, dbURL)
-		if err != nil {
-			t.Errorf("drop role %s: %v", name, err)
-			return
-		}
-		defer admin.Close(ctx)
-		for _, q := range []string{
-			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '" + name + "'",
-			"DROP OWNED BY " + id,
-			"DROP ROLE " + id,
-		} {
-			if _, err := admin.Exec(ctx, q); err != nil {
-				t.Errorf("%s: %v", q, err)
-			}
-		}
-	})
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatalf("this test needs a URL-form database URL: %v", err)
-	}
-	u.User = url.UserPassword(name, password)
-	return name, u.String()
-}
 
 // grantTo grants role (a pgfence role) to the login role name.
 func grantTo(t *testing.T, dbURL, role, name string) {
@@ -84,8 +34,8 @@ func TestLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
-	role, roleURL := newRole(t, dbURL)
-	opRole, opURL := newRole(t, dbURL)
+	role, roleURL := pgtest.LoginRole(t, dbURL, "")
+	opRole, opURL := pgtest.LoginRole(t, dbURL, "")
 
 	// Without a pgfence role: a clear error, not a crash.
 	if r := db(t, roleURL, "leases", "ls"); r.code != exitFailure || !strings.Contains(r.stderr, "permission denied") {

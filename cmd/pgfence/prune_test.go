@@ -58,7 +58,7 @@ UPDATE pgfence.leases SET expires_at = clock_timestamp() - interval '1 minute' W
 		}
 	}
 
-	role, roleURL := newRole(t, url)
+	role, roleURL := pgtest.LoginRole(t, url, "")
 	if _, err := conn.Exec(ctx, `GRANT pgfence_client TO `+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}

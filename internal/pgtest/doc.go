@@ -44,6 +44,13 @@
 // (smart, fast, immediate), kill, and start again: fault-injection tests use
 // it, never the shared server.
 //
+// # Roles
+//
+// LoginRole creates a login role with a random name and password (a server
+// of one's own may ask for passwords) and drops it, with the databases and
+// objects it owns, when the test ends: a role is the cluster's, so one left
+// behind outlives the test and its database.
+//
 // # PgBouncer
 //
 // StartPgBouncer puts a real PgBouncer (session or transaction pooling) in

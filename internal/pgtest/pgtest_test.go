@@ -2,12 +2,8 @@ package pgtest_test
 
 import (
 	"context"
-	"crypto/rand"
-	"net"
-	"net/url"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,7 +155,7 @@ func TestRoleWithoutCreateDB(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	childURL := loginRole(t, "pgfence_nocreatedb_", "NOCREATEDB")
+	_, childURL := pgtest.LoginRole(t, pgtest.URL(t), "NOCREATEDB")
 	out, err := childTest(ctx, pgtest.EnvURL+"="+childURL).CombinedOutput()
 	if err == nil {
 		t.Fatalf("child with a role without CREATEDB passed:\n%s", out)
@@ -182,70 +178,11 @@ func TestSecondRoleGetsATemplateOfItsOwn(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	childURL := loginRole(t, "pgfence_second_", "CREATEDB") // after this role's template exists
+	_, childURL := pgtest.LoginRole(t, pgtest.URL(t), "CREATEDB") // after this role's template exists
 	out, err := childTest(ctx, pgtest.EnvURL+"="+childURL).CombinedOutput()
 	if err != nil {
 		t.Fatalf("child as a second role that may create databases failed: %v\n%s", err, out)
 	}
-}
-
-// loginRole creates, on the server of a new database of t's (pgtest.URL),
-// a login role named prefix and a random suffix, with options and a
-// random password (a server the tests share may ask for one), and returns
-// a URL of that database as the role. When t ends it drops the role and
-// the databases it owns (a template of its own), on a connection of its
-// own: a role is the cluster's, so one left behind outlives the test.
-func loginRole(t *testing.T, prefix, options string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	u := pgtest.URL(t)
-	admin, err := pgx.Connect(ctx, u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
-	role, password := prefix+strings.ToLower(rand.Text()[:10]), rand.Text()
-	if _, err := admin.Exec(ctx, "CREATE ROLE "+role+" LOGIN "+options+" PASSWORD '"+password+"'"); err != nil {
-		t.Fatalf("create role %s (the test's role needs CREATEROLE): %v", role, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, u)
-		if err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-			return
-		}
-		defer conn.Close(ctx)
-		rows, _ := conn.Query(ctx, "SELECT datname FROM pg_database WHERE datdba = (SELECT oid FROM pg_roles WHERE rolname = $1)", role)
-		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Errorf("the databases of role %s: %v", role, err)
-		}
-		for _, db := range dbs {
-			id := pgx.Identifier{db}.Sanitize()
-			for _, q := range []string{"ALTER DATABASE " + id + " WITH IS_TEMPLATE false", "DROP DATABASE " + id} {
-				if _, err := conn.Exec(ctx, q); err != nil {
-					t.Errorf("%s: %v", q, err)
-				}
-			}
-		}
-		if _, err := conn.Exec(ctx, "DROP ROLE "+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return (&url.URL{
-		Scheme:   "postgres",
-		User:     url.UserPassword(role, password),
-		Host:     net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))),
-		Path:     "/" + cfg.Database,
-		RawQuery: "sslmode=disable",
-	}).String()
 }
 
 // childTest runs TestURLIsMigratedAndIsolated in a child process, with
