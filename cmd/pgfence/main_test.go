@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"slices"
@@ -141,8 +142,39 @@ func cli(t *testing.T, env []string, args ...string) result {
 	for i, a := range args {
 		shown[i] = display(a)
 	}
+	if passwordShown(r.stdout+r.stderr, append(args, env...)) {
+		// Not logged: the output shows it.
+		t.Errorf("pgfence %s => %d printed the password of a URL it was given", strings.Join(shown, " "), r.code)
+		return r
+	}
 	t.Logf("pgfence %s => %d\nstdout:\n%s\nstderr:\n%s", strings.Join(shown, " "), r.code, r.stdout, r.stderr)
 	return r
+}
+
+// passwordShown reports whether out contains the password of a URL among
+// args (an argument, or the value of a KEY=value environment entry). Only
+// passwords of 12 characters or more count — the random ones of the test
+// roles and of a server that asks for one (.ci/run) —, so that a short
+// one cannot match text the output has anyway; TestOutputHidesThePassword
+// checks every piece of chosen ones.
+func passwordShown(out string, args []string) bool {
+	for _, a := range args {
+		if _, v, ok := strings.Cut(a, "="); ok && !strings.Contains(a[:len(a)-len(v)], "://") {
+			a = v
+		}
+		u, err := url.Parse(a)
+		if err != nil || u.User == nil {
+			continue
+		}
+		pw, _ := u.User.Password()
+		_, raw, _ := strings.Cut(strings.TrimPrefix(u.User.String(), u.User.Username()), ":") // as escaped
+		for _, p := range []string{pw, raw} {
+			if len(p) >= 12 && strings.Contains(out, p) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // db runs pgfence --database-url url args.
@@ -246,4 +278,26 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func TestPasswordShown(t *testing.T) {
+	const pw = "Q3XK7ZPA2MJW5RTE"
+	u := "postgres://app:" + pw + "@127.0.0.1:5432/db?sslmode=disable"
+	for _, c := range []struct {
+		out  string
+		args []string
+		want bool
+	}{
+		{"connect " + pw + " failed", []string{"--database-url", u}, true},
+		{"connect " + pw + " failed", []string{"DATABASE_URL=" + u}, true},
+		{"connect xxxxx failed", []string{"--database-url", u}, false},
+		{"connect %E1%9A%A0" + pw, []string{"postgres://app:%E1%9A%A0" + pw + "@h/db"}, true}, // as escaped
+		{"connect \u16a0" + pw, []string{"postgres://app:%E1%9A%A0" + pw + "@h/db"}, true},    // decoded
+		{"secret", []string{"postgres://app:secret@h/db"}, false},                             // too short to count
+		{"connect " + pw, []string{"host=h password=" + pw}, false},                           // keyword/value: TestOutputHidesThePassword's
+	} {
+		if got := passwordShown(c.out, c.args); got != c.want {
+			t.Errorf("passwordShown(%q, %q) = %v, want %v", c.out, c.args, got, c.want)
+		}
+	}
 }
