@@ -126,7 +126,7 @@ func lateGrant(ctx context.Context, err error) error {
 // read after ctx ended (lateGrant). Nothing was sent to end the wait, so,
 // like a refused one, the session may give the lock back and stay (keep);
 // the caller gets ctx's error.
-var errLateGrant = errors.New("granted as the deadline passed, and given back")
+var errLateGrant = errors.New("granted as the context ended, and given back")
 
 // refused reports whether err is the server's refusal of a wait, raised
 // while it waited: its lock_timeout, a deadlock, a full lock table; or a
