@@ -254,15 +254,21 @@ func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 func TestLateGrantKeepsItsConnection(t *testing.T) {
 	t.Parallel()
 	u := pgtest.URL(t)
+	forEachAcquire(t, func(t *testing.T, set, dbsql bool) { testLateGrant(t, u, set, dbsql) })
+}
+
+// forEachAcquire runs test in parallel subtests: Lock (set false) and
+// LockAll (set true), each over pgx and over database/sql (dbsql).
+func forEachAcquire(t *testing.T, test func(t *testing.T, set, dbsql bool)) {
 	for _, set := range []bool{false, true} {
+		op := "Lock"
+		if set {
+			op = "LockAll"
+		}
 		for _, driver := range []string{"pgx", "database/sql"} {
-			op := "Lock"
-			if set {
-				op = "LockAll"
-			}
 			t.Run(op+"/"+driver, func(t *testing.T) {
 				t.Parallel()
-				testLateGrant(t, u, set, driver == "database/sql")
+				test(t, set, driver == "database/sql")
 			})
 		}
 	}
@@ -338,15 +344,7 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 			t.Log("pglock did not report a late grant (errLateGrant): the grant's answer may have come more than 250ms after the deadline")
 		}
 	}
-	for _, n := range names {
-		lk, err := other.TryLock(ctx, n)
-		if err != nil {
-			t.Fatalf("%q after the late grant: %v", n, err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	assertFree(t, ctx, other, names...)
 }
 
 // lockAsync runs, with wctx, Lock of the one name, or LockAll of several,

@@ -66,18 +66,9 @@ func (c *heldAfterFuncs) AfterFunc(f func()) (stop func() bool) {
 // want context deadline exceeded").
 func TestGrantReadAfterCtxEnded(t *testing.T) {
 	t.Parallel()
-	for _, set := range []bool{false, true} {
-		for _, driver := range []string{"pgx", "database/sql"} {
-			op := "Lock"
-			if set {
-				op = "LockAll"
-			}
-			t.Run(op+"/"+driver, func(t *testing.T) {
-				t.Parallel()
-				testGrantAfterCtx(t, pgtest.URL(t), set, driver == "database/sql") // a database each: waiters counts its own
-			})
-		}
-	}
+	forEachAcquire(t, func(t *testing.T, set, dbsql bool) {
+		testGrantAfterCtx(t, pgtest.URL(t), set, dbsql) // a database each: waiters counts its own
+	})
 }
 
 func testGrantAfterCtx(t *testing.T, u string, set, dbsql bool) {
@@ -125,13 +116,5 @@ func testGrantAfterCtx(t *testing.T, u string, set, dbsql bool) {
 	if err != nil || n != 0 {
 		t.Errorf("the wait's session holds %d advisory locks (%v), want 0", n, err)
 	}
-	for _, n := range names {
-		lk, err := other.TryLock(ctx, n)
-		if err != nil {
-			t.Fatalf("%q after the late grant: %v", n, err)
-		}
-		if err := lk.Unlock(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	assertFree(t, ctx, other, names...)
 }

@@ -142,7 +142,7 @@ func cli(t *testing.T, env []string, args ...string) result {
 	for i, a := range args {
 		shown[i] = display(a)
 	}
-	if passwordShown(r.stdout+r.stderr, append(args, env...)) {
+	if passwordShown(r.stdout+r.stderr, slices.Concat(args, env)) {
 		// Not logged: the output shows it.
 		t.Errorf("pgfence %s => %d printed the password of a URL it was given", strings.Join(shown, " "), r.code)
 		return r
@@ -153,7 +153,7 @@ func cli(t *testing.T, env []string, args ...string) result {
 
 // passwordShown reports whether out contains the password of a URL among
 // args (an argument, or the value of a KEY=value environment entry). Only
-// passwords of 12 characters or more count — the random ones of the test
+// passwords of 12 bytes or more count — the random ones of the test
 // roles and of a server that asks for one (.ci/run) —, so that a short
 // one cannot match text the output has anyway; TestOutputHidesThePassword
 // checks every piece of chosen ones.
