@@ -300,16 +300,7 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 		cfg.ConnConfig.DialFunc = wire.Dial
 	})
 	l, db, opened := lockerOn(t, pool, dbsql)
-	const sessionLocks = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`
-	locks := func(ctx context.Context) (n int, err error) { // a pooled session's advisory locks
-		if db != nil {
-			err = db.QueryRowContext(ctx, sessionLocks).Scan(&n)
-		} else {
-			err = pool.QueryRow(ctx, sessionLocks).Scan(&n)
-		}
-		return n, err
-	}
-	if _, err := locks(ctx); err != nil { // the connection the wait will use
+	if _, err := sessionLocks(ctx, pool, db); err != nil { // the connection the wait will use
 		t.Fatal(err)
 	}
 	before := opened()
@@ -335,7 +326,7 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%s%q = %v, want %v", lockOp(names), names, err, context.DeadlineExceeded)
 	}
-	if n, err := locks(ctx); err != nil || n != 0 {
+	if n, err := sessionLocks(ctx, pool, db); err != nil || n != 0 {
 		t.Errorf("the wait's session holds %d advisory locks (%v), want 0", n, err)
 	}
 	if n := opened(); n != before {
@@ -345,6 +336,19 @@ func testLateGrant(t *testing.T, u string, set, dbsql bool) {
 		}
 	}
 	assertFree(t, ctx, other, names...)
+}
+
+// sessionLocks counts the advisory locks of a session of db, if not nil,
+// else of pool: with one connection of a pool of two idle, the session a
+// wait used.
+func sessionLocks(ctx context.Context, pool *pgxpool.Pool, db *sql.DB) (n int, err error) {
+	const q = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`
+	if db != nil {
+		err = db.QueryRowContext(ctx, q).Scan(&n)
+	} else {
+		err = pool.QueryRow(ctx, q).Scan(&n)
+	}
+	return n, err
 }
 
 // lockAsync runs, with wctx, Lock of the one name, or LockAll of several,

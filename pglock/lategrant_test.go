@@ -85,7 +85,8 @@ func testGrantAfterCtx(t *testing.T, u string, set, dbsql bool) {
 		t.Fatal(err)
 	}
 	defer func() { _ = holder.Unlock(ctx) }() // on a failure before the release below
-	l, db, opened := lockerOn(t, newPool(t, u, 2), dbsql)
+	pool := newPool(t, u, 2)
+	l, db, opened := lockerOn(t, pool, dbsql)
 
 	wctx, cancel, release := newHeldAfterFuncs(t, ctx)
 	done := lockAsync(ctx, wctx, l, names)
@@ -106,14 +107,7 @@ func testGrantAfterCtx(t *testing.T, u string, set, dbsql bool) {
 		t.Errorf("the late grant's wait opened %d connections, want 0 (its session was not kept)", n-before)
 	}
 	// The kept session is the one a new call gets: it holds nothing.
-	const sessionLocks = `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`
-	var n int
-	if db != nil {
-		err = db.QueryRowContext(ctx, sessionLocks).Scan(&n)
-	} else {
-		err = l.pool.QueryRow(ctx, sessionLocks).Scan(&n)
-	}
-	if err != nil || n != 0 {
+	if n, err := sessionLocks(ctx, pool, db); err != nil || n != 0 {
 		t.Errorf("the wait's session holds %d advisory locks (%v), want 0", n, err)
 	}
 	assertFree(t, ctx, other, names...)

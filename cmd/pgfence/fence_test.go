@@ -66,10 +66,7 @@ func TestFenceBump(t *testing.T) {
 		}
 	}
 
-	role, roleURL := pgtest.LoginRole(t, url, "")
-	if _, err := conn.Exec(ctx, `GRANT pgfence_client TO `+pgx.Identifier{role}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
+	_, roleURL := pgtest.LoginRole(t, url, "IN ROLE pgfence_client")
 	if r := db(t, roleURL, "fence", "bump"); r.code != exitFailure || !strings.Contains(r.stderr, "only pgfence_operator") {
 		t.Errorf("fence bump as an application role: exit %d, stderr %q; want 1 and who may bump", r.code, r.stderr)
 	}

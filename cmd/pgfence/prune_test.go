@@ -58,10 +58,7 @@ UPDATE pgfence.leases SET expires_at = clock_timestamp() - interval '1 minute' W
 		}
 	}
 
-	role, roleURL := pgtest.LoginRole(t, url, "")
-	if _, err := conn.Exec(ctx, `GRANT pgfence_client TO `+pgx.Identifier{role}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
+	_, roleURL := pgtest.LoginRole(t, url, "IN ROLE pgfence_client")
 	if r := db(t, roleURL, "leases", "prune"); r.code != exitFailure || !strings.Contains(r.stderr, "only pgfence_operator") {
 		t.Errorf("leases prune as an application role: exit %d, stderr %q; want 1 and who may prune", r.code, r.stderr)
 	}
