@@ -34,11 +34,21 @@ func TestBeginBeforeMigration12(t *testing.T) {
 
 	_, err := fencing.Begin(bg, pool, tok)
 	want("Begin on a pool", err)
-	err = fencing.InTx(bg, pool, tok, func(pgx.Tx) error {
-		t.Error("InTx ran fn without a declaration")
-		return nil
-	})
-	want("InTx", err)
+	// InTx sends the declaration with fn's first statement, which never
+	// runs; InTx returns the declaration's error even if fn drops it.
+	for _, drop := range []bool{false, true} {
+		err = fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
+			_, err := tx.Exec(bg, upsertItem, 1, "undeclared")
+			if drop {
+				return nil
+			}
+			return err
+		})
+		want("InTx", err)
+	}
+	if _, _, ok := item(t, pool, 1); ok {
+		t.Fatal("InTx wrote without a declaration")
+	}
 
 	c, err := pool.Acquire(bg)
 	if err != nil {
@@ -102,11 +112,14 @@ func TestFailedDeclarationOnAPoolConnRollsBack(t *testing.T) {
 		}
 	}
 
-	err = fencing.InTx(bg, c, tok, func(pgx.Tx) error {
-		t.Error("InTx ran fn without a declaration")
-		return nil
+	err = fencing.InTx(bg, c, tok, func(tx pgx.Tx) error {
+		_, err := tx.Exec(bg, upsertItem, 1, "undeclared")
+		return err
 	})
 	wantIdle("InTx", err)
+	if _, _, ok := item(t, pool, 1); ok {
+		t.Fatal("InTx wrote without a declaration")
+	}
 	_, err = fencing.Begin(bg, c, tok)
 	wantIdle("Begin", err)
 }

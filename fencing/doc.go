@@ -23,7 +23,8 @@
 //
 //	CALL pgfence.declare($1, $2)
 //
-// (in the same round trip as BEGIN where they can). SQL clients do the
+// (in the same round trip as BEGIN where they can, and InTx with the
+// transaction's first statement too). SQL clients do the
 // same, or SELECT pgfence.declare_token($1, $2) where only a query can go.
 // The declaration is bound to the transaction's id: it ends with the
 // transaction and is honoured by no other — not by a later transaction on

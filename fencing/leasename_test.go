@@ -192,7 +192,10 @@ func TestDeclarationRefusedInTheDatabaseEncoding(t *testing.T) {
 		if tx != nil || !errors.Is(err, fencing.ErrNoToken) || fencing.IsStale(err) {
 			t.Errorf("Begin on a %s = %v, %v; want an error wrapping ErrNoToken", h.name, tx, err)
 		}
-		if err := fencing.InTx(bg, h.db, tok, func(pgx.Tx) error { return nil }); !errors.Is(err, fencing.ErrNoToken) {
+		if err := fencing.InTx(bg, h.db, tok, func(tx pgx.Tx) error {
+			_, err := tx.Exec(bg, `SELECT $1::int`, 1) // sends the declaration
+			return err
+		}); !errors.Is(err, fencing.ErrNoToken) {
 			t.Errorf("InTx on a %s = %v; want an error wrapping ErrNoToken", h.name, err)
 		}
 		if s := c.Conn().PgConn().TxStatus(); s != 'I' {

@@ -145,6 +145,17 @@ func connOf(db DB) *pgx.Conn {
 // commits if fn returns nil. If fn returns an error or panics, the
 // transaction is rolled back (and the panic continues).
 //
+// Over a *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn, InTx sends nothing
+// before fn's first call: fn's first Exec with arguments goes to the server
+// in one round trip with BEGIN and the declaration, so a fenced write of
+// one statement takes two round trips, as the statement and COMMIT alone
+// do; any other first call begins as Begin does, then runs. fn's tx is
+// then InTx's own pgx.Tx. If the server refuses the declaration, fn's first
+// call returns the error Begin would have, no statement of fn runs, and
+// InTx returns that error whatever fn returns; an fn that makes no call
+// sends nothing. On a pgx.Tx, or any other DB, InTx begins with Begin
+// before calling fn.
+//
 // A write the guard rejects as stale makes InTx return an error that
 // satisfies errors.Is(err, ErrStale) — a *StaleError wrapping the error fn
 // or COMMIT returned — whether fn returned the statement's error as is or
@@ -169,6 +180,22 @@ func connOf(db DB) *pgx.Conn {
 // Telemetry section). Without options both use the global providers, and
 // until the application installs a tracer provider InTx starts no span.
 func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts ...Option) error {
+	if lazyBeginner(db) && fn != nil {
+		return inTx(ctx, tok, func(lt *lazyTx) error {
+			if err := fn(lt); lt.err == nil {
+				return err
+			}
+			return lt.err // a failed begin, whatever fn made of it
+		}, opts,
+			func(ctx context.Context) (*lazyTx, error) {
+				if err := checkBegin(ctx, db, tok); err != nil {
+					return nil, err
+				}
+				return newLazyTx(ctx, db, tok)
+			},
+			func(ctx context.Context, lt *lazyTx) error { return lt.end(ctx, true) },
+			func(ctx context.Context, lt *lazyTx) { _ = lt.end(ctx, false) })
+	}
 	return inTx(ctx, tok, fn, opts,
 		func(ctx context.Context) (pgx.Tx, error) { return Begin(ctx, db, tok) },
 		func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
