@@ -43,8 +43,11 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, decl string, tok fenci
 // the unprotected transaction, at 1 and 8 goroutines (docs/performance.md,
 // "Candidates for the declaration"):
 //
-//   - fenced: what InTx does, "BEGIN; CALL pgfence.declare(...)" in one
-//     simple-protocol message (migration 12).
+//   - fenced: what InTx does: BEGIN, a prepared "CALL
+//     pgfence.declare($1, $2)" and the UPDATE in one pipelined batch.
+//   - begin: what Begin does (and InTx did before it pipelined): "BEGIN;
+//     CALL pgfence.declare(...)" in one simple-protocol message
+//     (migration 12), then the UPDATE.
 //   - select: what InTx did before, "BEGIN; SELECT
 //     pgfence.declare_token(...)", planned and answered with a row on
 //     every transaction.
@@ -61,7 +64,7 @@ func pipelinedTx(ctx context.Context, pool *pgxpool.Pool, decl string, tok fenci
 //	for i in $(seq 10); do /tmp/fencing.test -test.run '^$' -test.bench DeclareCandidates -test.benchtime 4000x; done
 func BenchmarkDeclareCandidates(b *testing.B) {
 	const rows = 800
-	kinds := []string{"plain", "fenced", "select", "pipe", "pipecall", "declare"}
+	kinds := []string{"plain", "fenced", "begin", "select", "pipe", "pipecall", "declare"}
 	pool := setup(b)
 	for _, kind := range kinds {
 		mustExec(b, pool, `CREATE TABLE s_`+kind+` (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0)`)
@@ -90,6 +93,16 @@ func BenchmarkDeclareCandidates(b *testing.B) {
 				_, err := tx.Exec(bg, update, id)
 				return err
 			})
+		case "begin":
+			tx, err := fencing.Begin(bg, pool, tok)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(bg) }()
+			if _, err := tx.Exec(bg, update, id); err != nil {
+				return err
+			}
+			return tx.Commit(bg)
 		case "declare":
 			return pgx.BeginTxFunc(bg, pool, pgx.TxOptions{BeginQuery: fmt.Sprintf(`BEGIN; CALL pgfence.declare('candidates', %d)`, tok.Fence)}, func(tx pgx.Tx) error {
 				_, err := tx.Exec(bg, update, id)
