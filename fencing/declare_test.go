@@ -45,6 +45,15 @@ func TestBeginBeforeMigration12(t *testing.T) {
 			return err
 		})
 		want("InTx", err)
+		err = fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
+			err := tx.QueryRow(bg, upsertItem+` RETURNING fence`, 1, "undeclared").Scan(new(int64))
+			want("QueryRow in InTx", err)
+			if drop {
+				return nil
+			}
+			return err
+		})
+		want("InTx with QueryRow", err)
 	}
 	if _, _, ok := item(t, pool, 1); ok {
 		t.Fatal("InTx wrote without a declaration")

@@ -14,11 +14,11 @@ import (
 
 // lazyTx is the transaction InTx hands fn over a *pgxpool.Pool,
 // *pgxpool.Conn or *pgx.Conn: it sends nothing until fn's first call. A
-// first Exec with arguments goes in one pipelined batch with BEGIN and the
-// declaration (pgx.Batch.BeginTx), so the usual fenced write — one
-// statement, then COMMIT — takes two round trips, as many as the statement
-// and COMMIT alone; any other first call begins as Begin does. From then
-// on every call goes to the pgx.Tx that began.
+// first Exec or QueryRow with arguments goes in one pipelined batch with
+// BEGIN and the declaration (pgx.Batch.BeginTx), so the usual fenced write
+// — one statement, then COMMIT — takes two round trips, as many as the
+// statement and COMMIT alone; any other first call begins as Begin does.
+// From then on every call goes to the pgx.Tx that began.
 //
 // A lazyTx is not safe for concurrent use, as no pgx.Tx is.
 type lazyTx struct {
@@ -61,14 +61,18 @@ func newLazyTx(ctx context.Context, db DB, tok Token) (*lazyTx, error) {
 	return lt, nil
 }
 
-// ride sends BEGIN, the declaration and fn's first statement, sql with
-// args, in one batch, and returns the statement's result. If nothing ran —
-// the server could not prepare the statement, or the connection's mode
-// could not send the batch — it begins as Begin does and sends the
-// statement alone, for the error, and the transaction's state, that Exec
-// gives. An argument pgx cannot encode is the exception: pgx closes the
-// connection, which ends the transaction (Exec would have kept it).
-func (lt *lazyTx) ride(ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
+// errAlone is what send returns when nothing ran.
+var errAlone = errors.New("fencing: the statement was not sent")
+
+// send sends BEGIN, the declaration and fn's first statement, sql with
+// args, in one batch, and returns the batch's results with the first two
+// read: the statement's are next. It returns errAlone if nothing ran — the
+// server could not prepare the statement, or the connection's mode could
+// not send the batch: the caller begins as Begin does and sends the
+// statement alone, for the error, and the transaction's state, that it
+// would have had. An argument pgx cannot encode is the exception: pgx
+// closes the connection, which ends the transaction.
+func (lt *lazyTx) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	var b pgx.Batch
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(sqlDeclareToken, lt.tok.Lease, lt.tok.Fence)
@@ -79,36 +83,26 @@ func (lt *lazyTx) ride(ctx context.Context, sql string, args []any) (pgconn.Comm
 	if err == nil {
 		_, err = br.Exec()
 	}
-	if err != nil {
-		_ = br.Close() // the begin's or declaration's failure matters more
-		var pre pgx.ErrPreprocessingBatch
-		mine := errors.As(err, &pre) && pre.SQL() == sql // fn's statement could not be sent
-		switch {
-		case mine && lt.conn.IsClosed():
-			// pgx closes the connection when it cannot encode an argument
-			// of a batch's later query: the transaction is lost with it.
-			lt.err = pre.Unwrap()
-			return pgconn.CommandTag{}, lt.err
-		case lt.conn.PgConn().TxStatus() == 'I' && !lt.conn.IsClosed() && ctx.Err() == nil &&
-			(mine || dbx.PgError(err) == nil):
-			// Nothing ran: fn's statement could not be prepared, or the
-			// connection's mode could not send the batch.
-			tx, err := lt.begun(ctx)
-			if err != nil {
-				return pgconn.CommandTag{}, err
-			}
-			return tx.Exec(ctx, sql, args...)
-		}
-		rollback(ctx, tx)
-		lt.err = fmt.Errorf("fencing: begin with token %v%s: %w", lt.tok, notMigrated(err), classify(lt.tok, err))
-		return pgconn.CommandTag{}, lt.err
+	if err == nil {
+		lt.tx = tx
+		return br, nil
 	}
-	lt.tx = tx
-	tag, err := br.Exec()
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	_ = br.Close() // the begin's or declaration's failure matters more
+	var pre pgx.ErrPreprocessingBatch
+	mine := errors.As(err, &pre) && pre.SQL() == sql // fn's statement could not be sent
+	switch {
+	case mine && lt.conn.IsClosed():
+		// pgx closes the connection when it cannot encode an argument of
+		// a batch's later query: the transaction is lost with it.
+		lt.err = pre.Unwrap()
+		return nil, lt.err
+	case lt.conn.PgConn().TxStatus() == 'I' && !lt.conn.IsClosed() && ctx.Err() == nil &&
+		(mine || dbx.PgError(err) == nil):
+		return nil, errAlone
 	}
-	return tag, err
+	rollback(ctx, tx)
+	lt.err = fmt.Errorf("fencing: begin with token %v%s: %w", lt.tok, notMigrated(err), classify(lt.tok, err))
+	return nil, lt.err
 }
 
 // begun returns the transaction, beginning it as Begin does if fn has not
@@ -154,10 +148,26 @@ func (lt *lazyTx) end(ctx context.Context, commit bool) error {
 	return err
 }
 
+// pending reports whether fn's call with args rides with BEGIN: nothing
+// has begun or failed yet, and rides(args).
+func (lt *lazyTx) pending(args []any) bool {
+	return lt.tx == nil && !lt.closed && lt.err == nil && rides(args)
+}
+
 // Exec runs sql; the first call with arguments rides with BEGIN.
 func (lt *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if lt.tx == nil && !lt.closed && lt.err == nil && rides(args) {
-		return lt.ride(ctx, sql, args)
+	if lt.pending(args) {
+		br, err := lt.send(ctx, sql, args)
+		if err == nil {
+			tag, err := br.Exec()
+			if cerr := br.Close(); err == nil {
+				err = cerr
+			}
+			return tag, err
+		}
+		if err != errAlone {
+			return pgconn.CommandTag{}, err
+		}
 	}
 	tx, err := lt.begun(ctx)
 	if err != nil {
@@ -187,8 +197,17 @@ func (lt *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	return tx.Query(ctx, sql, args...)
 }
 
-// QueryRow begins first if need be.
+// QueryRow runs sql; the first call with arguments rides with BEGIN.
 func (lt *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if lt.pending(args) {
+		br, err := lt.send(ctx, sql, args)
+		if err == nil {
+			return batchRow{br.QueryRow(), br}
+		}
+		if err != errAlone {
+			return failed(err).QueryRow()
+		}
+	}
 	tx, err := lt.begun(ctx)
 	if err != nil {
 		return failed(err).QueryRow()
@@ -277,6 +296,21 @@ func (lt *lazyTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	return lt.tx.Rollback(ctx)
+}
+
+// batchRow is the row of a statement that rode with BEGIN: Scan closes
+// the batch, as a row's Scan closes its rows.
+type batchRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // failed returns batch results that report err, for the rows of a call

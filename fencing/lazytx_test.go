@@ -87,18 +87,32 @@ func TestInTxRoundTrips(t *testing.T) {
 	pool := setup(t)
 	tok := grant(t, pool, "roundtrips", time.Hour)
 	conn, counter := countingConn(t, pool)
-	for i := range 3 {
-		before := counter.syncs.Load()
-		if err := write(conn, tok, 1, "v"); err != nil {
-			t.Fatalf("write %d: %v", i, err)
-		}
-		n := counter.syncs.Load() - before
-		t.Logf("fenced transaction %d: %d round trips", i, n)
-		if i > 0 && n != 2 {
-			t.Errorf("fenced transaction %d took %d round trips, want 2 (the statement with BEGIN and the declaration, then COMMIT)", i, n)
+	var fence int64
+	writes := map[string]func() error{
+		"Exec": func() error { return write(conn, tok, 1, "v") },
+		"QueryRow": func() error {
+			return fencing.InTx(bg, conn, tok, func(tx pgx.Tx) error {
+				return tx.QueryRow(bg, `UPDATE items SET v = $2 WHERE id = $1 RETURNING fence`, 1, "w").Scan(&fence)
+			})
+		},
+	}
+	for _, first := range []string{"Exec", "QueryRow"} {
+		for i := range 3 {
+			before := counter.syncs.Load()
+			if err := writes[first](); err != nil {
+				t.Fatalf("%s %d: %v", first, i, err)
+			}
+			n := counter.syncs.Load() - before
+			t.Logf("fenced transaction %d by %s: %d round trips", i, first, n)
+			if i > 0 && n != 2 {
+				t.Errorf("fenced transaction %d by %s took %d round trips, want 2 (the statement with BEGIN and the declaration, then COMMIT)", i, first, n)
+			}
 		}
 	}
-	wantItem(t, pool, 1, "v", tok.Fence)
+	wantItem(t, pool, 1, "w", tok.Fence)
+	if fence != tok.Fence {
+		t.Errorf("QueryRow scanned fence %d, want %d", fence, tok.Fence)
+	}
 
 }
 
@@ -287,6 +301,13 @@ func TestInTxFirstStatementFails(t *testing.T) {
 	if !errors.Is(err, pgx.ErrTxCommitRollback) {
 		t.Fatalf("InTx after an ignored failure = %v, want ErrTxCommitRollback", err)
 	}
+	err = fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
+		return tx.QueryRow(bg, `SELECT v FROM missing WHERE id = $1`, 1).Scan(new(string))
+	})
+	wantCode(t, err, "42P01")
+	if strings.Contains(err.Error(), "begin") {
+		t.Errorf("QueryRow's error %q says begin", err)
+	}
 
 	err = fencing.InTx(bg, pool, tok, func(tx pgx.Tx) error {
 		_, err := tx.Exec(bg, upsertItem, 2, make(chan int))
@@ -307,4 +328,23 @@ func TestInTxFirstStatementFails(t *testing.T) {
 	if err := write(pool, tok, 4, "the pool goes on"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestInTxStaleFirstStatement: a stale token's first statement, riding
+// with BEGIN, is rejected by the guard and maps to ErrStale, by Exec and
+// by QueryRow alike.
+func TestInTxStaleFirstStatement(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	old := grant(t, pool, "stalefirst", time.Hour)
+	expire(t, pool, "stalefirst")
+	tok := grant(t, pool, "stalefirst", time.Hour)
+	if err := write(pool, tok, 1, "current"); err != nil {
+		t.Fatal(err)
+	}
+	wantStaleTx(t, write(pool, old, 1, "stale by Exec"), old)
+	wantStaleTx(t, fencing.InTx(bg, pool, old, func(tx pgx.Tx) error {
+		return tx.QueryRow(bg, `UPDATE items SET v = $2 WHERE id = $1 RETURNING fence`, 1, "stale by QueryRow").Scan(new(int64))
+	}), old)
+	wantItem(t, pool, 1, "current", tok.Fence)
 }

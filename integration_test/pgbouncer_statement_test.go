@@ -89,6 +89,12 @@ func TestPgBouncerStatementPooling(t *testing.T) {
 			}
 		}
 		mustName("fencing.InTx", err)
+		// A first statement with arguments rides in one batch with BEGIN.
+		err = fencing.InTx(ctx, pool, l.Token(), func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO account VALUES ($1, $2)", 1, 100)
+			return err
+		})
+		mustName("fencing.InTx, its first statement in the batch", err)
 		ranTx := false
 		done, err := a.OnceTx(ctx, "report", "p1", time.Minute, func(context.Context, pgx.Tx, *leases.Lease) error { ranTx = true; return nil })
 		mustName("OnceTx", err)
