@@ -1,6 +1,7 @@
 package fencing_test
 
 import (
+	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgfence/pgfence/fencing"
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -166,6 +168,10 @@ func TestLeaseNamesInASQLASCIIDatabase(t *testing.T) {
 // token does, and leave no transaction open.
 func TestDeclarationRefusedInTheDatabaseEncoding(t *testing.T) {
 	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(bg) })
+	counted := fencing.WithMeterProvider(mp)
 	u := pgtest.EmptyURLEncoded(t, "EUC_JP")
 	if err := migrations.Up(bg, u); err != nil {
 		t.Fatal(err)
@@ -195,7 +201,7 @@ func TestDeclarationRefusedInTheDatabaseEncoding(t *testing.T) {
 		if err := fencing.InTx(bg, h.db, tok, func(tx pgx.Tx) error {
 			_, err := tx.Exec(bg, `SELECT $1::int`, 1) // sends the declaration
 			return err
-		}); !errors.Is(err, fencing.ErrNoToken) {
+		}, counted); !errors.Is(err, fencing.ErrNoToken) {
 			t.Errorf("InTx on a %s = %v; want an error wrapping ErrNoToken", h.name, err)
 		}
 		if s := c.Conn().PgConn().TxStatus(); s != 'I' {
@@ -208,9 +214,22 @@ func TestDeclarationRefusedInTheDatabaseEncoding(t *testing.T) {
 	}); !errors.Is(err, fencing.ErrNoToken) {
 		t.Errorf("Begin on a pgx.Tx = %v; want an error wrapping ErrNoToken", err)
 	}
+	if err := pgx.BeginFunc(bg, c, func(outer pgx.Tx) error {
+		return fencing.InTx(bg, outer, tok, func(pgx.Tx) error { return nil }, counted)
+	}); !errors.Is(err, fencing.ErrNoToken) {
+		t.Errorf("InTx on a pgx.Tx = %v; want an error wrapping ErrNoToken", err)
+	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if tx, err := fencing.BeginDB(bg, db, tok, nil); tx != nil || !errors.Is(err, fencing.ErrNoToken) {
 		t.Errorf("BeginDB = %v, %v; want an error wrapping ErrNoToken", tx, err)
+	}
+	if err := fencing.InDBTx(bg, db, tok, func(*sql.Tx) error { return nil }, counted); !errors.Is(err, fencing.ErrNoToken) {
+		t.Errorf("InDBTx = %v; want an error wrapping ErrNoToken", err)
+	}
+	// Each refusal InTx and InDBTx return is counted, whether it came
+	// before fn (Begin's) or from fn's first call (the lazy InTx's).
+	if got := rejected(t, reader); got["no_token"] != 5 || len(got) != 1 {
+		t.Errorf("rejected = %v, want map[no_token:5]", got)
 	}
 }

@@ -185,7 +185,7 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 			if err := fn(lt); lt.err == nil {
 				return err
 			}
-			return lt.err // a failed begin, whatever fn made of it
+			return lt.err // a failed begin or a lost connection, whatever fn made of it
 		}, opts,
 			func(ctx context.Context) (*lazyTx, error) {
 				if err := checkBegin(ctx, db, tok); err != nil {
@@ -246,6 +246,7 @@ func runTx[T any](ctx context.Context, tok Token, fn func(tx T) error, rejected 
 	abort func(ctx context.Context, tx T)) error {
 	tx, err := begin(ctx)
 	if err != nil {
+		rejected.record(ctx, err) // a declaration the server refused
 		return err
 	}
 	committed := false
