@@ -176,16 +176,19 @@ func (lt *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 	return tx.Exec(ctx, sql, args...)
 }
 
-// rides reports whether a first Exec with args can ride in the batch: it
-// has arguments (without them pgx sends a statement by the simple
-// protocol, which may hold several statements that a batch would refuse)
-// and none of them is a QueryExecMode, which a batch does not take.
+// rides reports whether fn's first Exec or QueryRow with args can ride in
+// the batch: it has arguments (without them pgx sends a statement by the
+// simple protocol, which may hold several statements that a batch would
+// refuse) and does not start with an option a batch does not take.
 func rides(args []any) bool {
 	if len(args) == 0 {
 		return false
 	}
-	_, mode := args[0].(pgx.QueryExecMode)
-	return !mode
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return false
+	}
+	return true
 }
 
 // Query begins first if need be.

@@ -144,6 +144,10 @@ func TestInTxFirstCall(t *testing.T) {
 			_, err := tx.Exec(bg, `SELECT $1::int`, pgx.QueryExecModeSimpleProtocol, 1)
 			return err
 		}},
+		{"QueryRow with result formats", func(tx pgx.Tx) error {
+			var n int32
+			return tx.QueryRow(bg, `SELECT $1::int`, pgx.QueryResultFormats{pgx.TextFormatCode}, 7).Scan(&n)
+		}},
 		{"Query", func(tx pgx.Tx) error {
 			rows, err := tx.Query(bg, `SELECT pg_current_xact_id()::text::bigint`)
 			if err != nil {
