@@ -45,18 +45,13 @@ func lazyBeginner(db DB) bool {
 // newLazyTx returns a lazyTx on db (see lazyBeginner), acquiring a pool's
 // connection first.
 func newLazyTx(ctx context.Context, db DB, tok Token) (*lazyTx, error) {
-	lt := &lazyTx{ctx: ctx, tok: tok}
-	switch c := db.(type) {
-	case *pgxpool.Pool:
-		pc, err := c.Acquire(ctx)
+	lt := &lazyTx{ctx: ctx, tok: tok, conn: connOf(db)}
+	if p, ok := db.(*pgxpool.Pool); ok {
+		pc, err := p.Acquire(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("fencing: begin: %w", err)
 		}
 		lt.conn, lt.release = pc.Conn(), pc.Release
-	case *pgxpool.Conn:
-		lt.conn = c.Conn()
-	case *pgx.Conn:
-		lt.conn = c
 	}
 	return lt, nil
 }
@@ -125,27 +120,15 @@ func (lt *lazyTx) begun(ctx context.Context) (pgx.Tx, error) {
 	return lt.tx, nil
 }
 
-// end commits (commit true) or rolls back what began, and gives a pool's
-// connection back; InTx calls it once, after fn. Committing a transaction
-// that never began succeeds: it wrote nothing.
-func (lt *lazyTx) end(ctx context.Context, commit bool) error {
-	var err error
-	switch {
-	case commit && lt.err != nil:
-		err = lt.err
-	case commit && lt.closed:
-		err = pgx.ErrTxClosed
-	case commit && lt.tx != nil:
-		err = lt.tx.Commit(ctx)
-	case lt.tx != nil:
-		rollback(ctx, lt.tx)
-	}
+// done closes lt for good, whatever fn left it in, and gives a pool's
+// connection back (a pool destroys one left inside a transaction); InTx
+// calls it once, after committing or rolling back.
+func (lt *lazyTx) done() {
 	lt.closed = true
 	if lt.release != nil {
-		lt.release() // a pool destroys a connection left inside a transaction
+		lt.release()
 		lt.release = nil
 	}
-	return err
 }
 
 // pending reports whether fn's call with args rides with BEGIN: nothing
@@ -282,11 +265,13 @@ func (lt *lazyTx) Commit(ctx context.Context) error {
 	case lt.err != nil:
 		return lt.err
 	}
-	lt.closed = true
 	if lt.tx == nil {
+		lt.closed = true
 		return nil // nothing began: nothing to commit
 	}
-	return lt.tx.Commit(ctx)
+	err := lt.tx.Commit(ctx)
+	lt.closed = true
+	return err
 }
 
 // Rollback rolls back what began.
@@ -294,11 +279,13 @@ func (lt *lazyTx) Rollback(ctx context.Context) error {
 	if lt.closed {
 		return pgx.ErrTxClosed
 	}
-	lt.closed = true
 	if lt.tx == nil {
+		lt.closed = true
 		return nil
 	}
-	return lt.tx.Rollback(ctx)
+	err := lt.tx.Rollback(ctx)
+	lt.closed = true
+	return err
 }
 
 // batchRow is the row of a statement that rode with BEGIN: Scan closes

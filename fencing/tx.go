@@ -193,8 +193,14 @@ func InTx(ctx context.Context, db DB, tok Token, fn func(tx pgx.Tx) error, opts 
 				}
 				return newLazyTx(ctx, db, tok)
 			},
-			func(ctx context.Context, lt *lazyTx) error { return lt.end(ctx, true) },
-			func(ctx context.Context, lt *lazyTx) { _ = lt.end(ctx, false) })
+			func(ctx context.Context, lt *lazyTx) error {
+				defer lt.done()
+				return lt.Commit(ctx)
+			},
+			func(ctx context.Context, lt *lazyTx) {
+				defer lt.done()
+				rollback(ctx, lt)
+			})
 	}
 	return inTx(ctx, tok, fn, opts,
 		func(ctx context.Context) (pgx.Tx, error) { return Begin(ctx, db, tok) },
