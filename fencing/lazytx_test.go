@@ -88,24 +88,23 @@ func TestInTxRoundTrips(t *testing.T) {
 	tok := grant(t, pool, "roundtrips", time.Hour)
 	conn, counter := countingConn(t, pool)
 	var fence int64
-	writes := map[string]func() error{
-		"Exec": func() error { return write(conn, tok, 1, "v") },
-		"QueryRow": func() error {
-			return fencing.InTx(bg, conn, tok, func(tx pgx.Tx) error {
-				return tx.QueryRow(bg, `UPDATE items SET v = $2 WHERE id = $1 RETURNING fence`, 1, "w").Scan(&fence)
-			})
-		},
+	writes := []struct {
+		by    string
+		write func() error
+	}{
+		{"Exec", func() error { return write(conn, tok, 1, "v") }},
+		{"QueryRow", func() (err error) { fence, err = writeRow(conn, tok, 1, "w"); return err }},
 	}
-	for _, first := range []string{"Exec", "QueryRow"} {
+	for _, w := range writes {
 		for i := range 3 {
 			before := counter.syncs.Load()
-			if err := writes[first](); err != nil {
-				t.Fatalf("%s %d: %v", first, i, err)
+			if err := w.write(); err != nil {
+				t.Fatalf("%s %d: %v", w.by, i, err)
 			}
 			n := counter.syncs.Load() - before
-			t.Logf("fenced transaction %d by %s: %d round trips", i, first, n)
+			t.Logf("fenced transaction %d by %s: %d round trips", i, w.by, n)
 			if i > 0 && n != 2 {
-				t.Errorf("fenced transaction %d by %s took %d round trips, want 2 (the statement with BEGIN and the declaration, then COMMIT)", i, first, n)
+				t.Errorf("fenced transaction %d by %s took %d round trips, want 2 (the statement with BEGIN and the declaration, then COMMIT)", i, w.by, n)
 			}
 		}
 	}
@@ -113,7 +112,15 @@ func TestInTxRoundTrips(t *testing.T) {
 	if fence != tok.Fence {
 		t.Errorf("QueryRow scanned fence %d, want %d", fence, tok.Fence)
 	}
+}
 
+// writeRow is write by QueryRow: it updates row id to v in InTx with tok
+// and returns the fence the guard stamped on it.
+func writeRow(db fencing.DB, tok fencing.Token, id int, v string) (fence int64, err error) {
+	err = fencing.InTx(bg, db, tok, func(tx pgx.Tx) error {
+		return tx.QueryRow(bg, `UPDATE items SET v = $2 WHERE id = $1 RETURNING fence`, id, v).Scan(&fence)
+	})
+	return fence, err
 }
 
 // TestInTxFirstCall: whatever fn calls first — the Exec that rides with
@@ -347,8 +354,7 @@ func TestInTxStaleFirstStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantStaleTx(t, write(pool, old, 1, "stale by Exec"), old)
-	wantStaleTx(t, fencing.InTx(bg, pool, old, func(tx pgx.Tx) error {
-		return tx.QueryRow(bg, `UPDATE items SET v = $2 WHERE id = $1 RETURNING fence`, 1, "stale by QueryRow").Scan(new(int64))
-	}), old)
+	_, err := writeRow(pool, old, 1, "stale by QueryRow")
+	wantStaleTx(t, err, old)
 	wantItem(t, pool, 1, "current", tok.Fence)
 }

@@ -140,20 +140,18 @@ func (r *renewWhileRecordWaits) TraceBatchStart(ctx context.Context, _ *pgx.Conn
 // renewWhenWaited renews the lease once another session of the database
 // waits for the fence lock.
 func (r *renewWhileRecordWaits) renewWhenWaited(ctx context.Context) error {
-	deadline := time.Now().Add(30 * time.Second) // a loaded machine
-	for {
+	var qerr error
+	waited := pgtest.Poll(30*time.Second, func() bool { // a loaded machine
 		var waiting bool
-		if err := r.hold.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
-			WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.classid = 1885824614 AND NOT l.granted)`).Scan(&waiting); err != nil {
-			return err
-		}
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			return errors.New("no session waited for the fence lock within 30s")
-		}
-		time.Sleep(10 * time.Millisecond) // polling pg_locks: the wait has no event to await
+		qerr = r.hold.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
+			WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.classid = 1885824614 AND NOT l.granted)`).Scan(&waiting)
+		return qerr != nil || waiting
+	})
+	switch {
+	case qerr != nil:
+		return qerr
+	case !waited:
+		return errors.New("no session waited for the fence lock within 30s")
 	}
 	r.mu.Lock()
 	c := r.c
