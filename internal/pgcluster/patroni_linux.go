@@ -29,7 +29,8 @@ import (
 // Timings are short, for tests: ttl 8s, loop_wait 1s, retry_timeout 3s
 // (Patroni requires ttl >= loop_wait + 2*retry_timeout), and
 // primary_start_timeout 0, so a crashed primary fails over at once instead
-// of being restarted in place. fsync is off. Every node trusts every
+// of being restarted in place (if a replica is within
+// maximum_lag_on_failover: see WithMaximumLagOnFailover). fsync is off. Every node trusts every
 // connection; the superuser is postgres.
 //
 // NewPatroni needs root (namespaces), and patroni, etcd and haproxy
