@@ -50,6 +50,40 @@ func TestStarterArmsOncePerDelay(t *testing.T) {
 	})
 }
 
+// Locks taken and released in a loop, for many start delays, make the
+// starter's timer fire about once per delay, not once per Lock: an
+// unlocked Lock does not re-arm it. Each firing runs a goroutine and can
+// wake a thread, which costs a short lock cycle.
+func TestStarterFiresOncePerDelayInALoop(t *testing.T) {
+	t.Parallel()
+	_, l := setup(t)
+	const delay = 20 * time.Millisecond
+	l.hooks.monitorDelay = delay
+	ctx := testContext(t)
+	start := time.Now()
+	cycles := 0
+	for ; cycles < 200 || time.Since(start) < 10*delay; cycles++ {
+		lk, err := l.TryLock(ctx, "starter/loop")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	elapsed := time.Since(start)
+	l.starter.mu.Lock()
+	fires := l.starter.fires
+	l.starter.mu.Unlock()
+	// About elapsed/delay firings; twice that and two more, so that a
+	// slow machine's late timers do not fail it. Once per Lock would be
+	// hundreds.
+	if limit := 2*int(elapsed/delay) + 2; fires > limit {
+		t.Errorf("%d lock cycles in %v fired the starter's timer %d times, want at most %d (about one per %v delay)",
+			cycles, elapsed.Round(time.Millisecond), fires, limit, delay)
+	}
+}
+
 // Starts racing Unlocks from many goroutines: each Lock's monitor either
 // starts and is stopped, or never starts; no Unlock fails, no connection
 // is destroyed, and a lock held past the delay is watched.
