@@ -30,8 +30,8 @@ import (
 // (Patroni requires ttl >= loop_wait + 2*retry_timeout), and
 // primary_start_timeout 0, so a crashed primary fails over at once instead
 // of being restarted in place (if a replica is within
-// maximum_lag_on_failover: see WithMaximumLagOnFailover). fsync is off. Every node trusts every
-// connection; the superuser is postgres.
+// maximum_lag_on_failover: see WithMaximumLagOnFailover). fsync is off.
+// Every node trusts every connection; the superuser is postgres.
 //
 // NewPatroni needs root (namespaces), and patroni, etcd and haproxy
 // installed (Debian: patroni, etcd-server, haproxy). The caller owns the
