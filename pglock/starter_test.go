@@ -17,13 +17,23 @@ import (
 func TestStarterArmsOncePerDelay(t *testing.T) {
 	t.Parallel()
 	_, l := setup(t)
-	l.hooks.monitorDelay = 300 * time.Millisecond
+	// Long enough for 20 cycles on a loaded CI machine (one took over
+	// 300ms): past the delay the timer fires, finds every Lock unlocked
+	// and rests, and the next grant arms it again, as it should.
+	const delay = 3 * time.Second
+	l.hooks.monitorDelay = delay
 	ctx := testContext(t)
-	var locks []*Lock
+	var (
+		locks []*Lock
+		first time.Time // the first grant
+	)
 	for i := range 20 {
 		lk, err := l.TryLock(ctx, fmt.Sprintf("starter/%d", i))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 {
+			first = time.Now()
 		}
 		l.starter.mu.Lock()
 		arms := l.starter.arms
@@ -33,7 +43,8 @@ func TestStarterArmsOncePerDelay(t *testing.T) {
 		}
 		locks = append(locks, lk)
 		if arms != 1 {
-			t.Fatalf("lock %d: the starter's timer was armed %d times, want once", i, arms)
+			t.Fatalf("lock %d, %v after the first: the starter's timer was armed %d times, want once (within the %v delay)",
+				i, time.Since(first).Round(time.Millisecond), arms, delay)
 		}
 	}
 	for _, lk := range locks {
