@@ -13,13 +13,17 @@ import (
 )
 
 // Locks taken and released within the start delay arm the starter's timer
-// once, start no monitor, and leave the queue when they come due.
+// once, start no monitor, and leave the queue when they come due. A grant
+// arms the timer only when it rests, and it rests only after a firing
+// found the queue empty: so however slow the machine, the timer is armed
+// at most once more than it fired.
 func TestStarterArmsOncePerDelay(t *testing.T) {
 	t.Parallel()
 	_, l := setup(t)
-	// Long enough for 20 cycles on a loaded CI machine (one took over
-	// 300ms): past the delay the timer fires, finds every Lock unlocked
-	// and rests, and the next grant arms it again, as it should.
+	// Long enough for the 20 cycles on most machines, so that the timer
+	// does not fire meanwhile and "armed once" is what is checked; on a
+	// loaded one (a cycle took over a second) it fires, rests and is
+	// armed again, as it should, and the bound below allows for that.
 	const delay = 3 * time.Second
 	l.hooks.monitorDelay = delay
 	ctx := testContext(t)
@@ -36,15 +40,15 @@ func TestStarterArmsOncePerDelay(t *testing.T) {
 			first = time.Now()
 		}
 		l.starter.mu.Lock()
-		arms := l.starter.arms
+		arms, fires := l.starter.arms, l.starter.fires
 		l.starter.mu.Unlock()
 		if err := lk.Unlock(ctx); err != nil {
 			t.Fatal(err)
 		}
 		locks = append(locks, lk)
-		if arms != 1 {
-			t.Fatalf("lock %d, %v after the first: the starter's timer was armed %d times, want once (within the %v delay)",
-				i, time.Since(first).Round(time.Millisecond), arms, delay)
+		if arms > fires+1 {
+			t.Fatalf("lock %d, %v after the first: the starter's timer was armed %d times and fired %d times, want armed at most once more than fired (once, within the %v delay)",
+				i, time.Since(first).Round(time.Millisecond), arms, fires, delay)
 		}
 	}
 	for _, lk := range locks {
