@@ -58,6 +58,10 @@ type hooks struct {
 	// watching, if set, is called by a Lock's monitor each time it is
 	// about to block reading the socket.
 	watching func(*Lock)
+	// lateAnswer, if set, is called by abandon when the server's own
+	// lock_timeout did not end a wait within answerWait, so that pglock
+	// goes on to end it itself (and the session is destroyed).
+	lateAnswer func()
 }
 
 // WithLogger sends the Locker's log records to l (see the package

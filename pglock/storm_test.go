@@ -51,16 +51,23 @@ func TestDeadlineStormLeavesNoLock(t *testing.T) {
 		rounds = 30
 	}
 	pool, st, took := runStorm(t, "dstorm/", rounds, true)
-	t.Logf("%d Lock calls in %v (%d rounds of %d with every waiter queued at the release): %d waiters granted, %d past their deadline; the pool opened %d connections",
-		st.calls.Load(), took, st.queued.Load(), 3*rounds, st.granted.Load(), st.cancelled.Load(), pool.Stat().NewConnsCount())
-	// Every wait past its deadline keeps its session unless pglock had
-	// to cancel it (the server's answer came more than answerWait late):
-	// the pool opens its first connections and few more. (When a wait
+	t.Logf("%d Lock calls in %v (%d rounds of %d with every waiter queued at the release): %d waiters granted, %d past their deadline, %d of them answered late; the pool opened %d connections",
+		st.calls.Load(), took, st.queued.Load(), 3*rounds, st.granted.Load(), st.cancelled.Load(), st.late.Load(), pool.Stat().NewConnsCount())
+	// Every wait past its deadline keeps its session unless the server's
+	// answer came more than answerWait late and pglock had to end the
+	// wait itself (then the session goes): the pool opens its first
+	// connections and one for each late answer, at most. (When a wait
 	// granted as its deadline passed was destroyed: 222-320 for about
-	// 1,130 waits.) A tenth of the waits is far above what a loaded
-	// machine's late answers cost here (0-1).
-	if n, most := pool.Stat().NewConnsCount(), int64(pool.Config().MaxConns)+st.cancelled.Load()/10; !t.Failed() && n > most {
-		t.Errorf("the pool opened %d connections for %d waits past their deadline, want at most %d: waits lost their sessions", n, st.cancelled.Load(), most)
+	// 1,130 waits, with 0-1 late answers.) Late answers are counted, not
+	// assumed rare: behind Docker's port proxy on a loaded machine 118 of
+	// 1,170 were late.
+	if n, most := pool.Stat().NewConnsCount(), int64(pool.Config().MaxConns)+st.late.Load(); !t.Failed() && n > most {
+		t.Errorf("the pool opened %d connections for %d waits past their deadline, %d answered late; want at most %d: waits lost their sessions", n, st.cancelled.Load(), st.late.Load(), most)
+	}
+	// If every answer came late, no session was kept and the storm
+	// showed nothing.
+	if !t.Failed() && st.late.Load() >= st.cancelled.Load() {
+		t.Errorf("all %d waits past their deadline were answered late: none could keep its session", st.cancelled.Load())
 	}
 	checkStormLeftNoLock(t, pool, st)
 }
@@ -73,6 +80,8 @@ func runStorm(t *testing.T, prefix string, rounds int, deadlines bool) (*pgxpool
 	const waiters = 4
 	pool := newPool(t, pgtest.URL(t), int32(len(names)*(waiters+2)+1))
 	l := newLocker(t, pool)
+	st := new(stormStats)
+	l.hooks.lateAnswer = func() { st.late.Add(1) }
 	// Not testContext's minute: every cancelled waiter costs the server a
 	// cancel request and a new connection, each a process the postmaster
 	// forks one after the other, and where forking is slow (30-40 ms on
@@ -80,7 +89,6 @@ func runStorm(t *testing.T, prefix string, rounds int, deadlines bool) (*pgxpool
 	// minute or more. The bound only stops a hung test.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	st := new(stormStats)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, name := range names {
@@ -123,6 +131,7 @@ func checkStormLeftNoLock(t *testing.T, pool *pgxpool.Pool, st *stormStats) {
 type stormStats struct {
 	calls, granted, cancelled atomic.Int64
 	queued                    atomic.Int64 // rounds whose waiters all queued before T
+	late                      atomic.Int64 // waits whose server answered later than answerWait (deadlines)
 }
 
 // storm runs the rounds of one name. With deadlines, each waiter's

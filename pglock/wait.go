@@ -220,8 +220,13 @@ func (l *Locker) abandon(w waiter) (bySelf bool) {
 			return false
 		}
 	}
-	if w.byServer && answered(min(answerWait, time.Until(deadline))) {
-		return true
+	if w.byServer {
+		if answered(min(answerWait, time.Until(deadline))) {
+			return true
+		}
+		if h := l.hooks.lateAnswer; h != nil {
+			h()
+		}
 	}
 	if w.cancelRequest != nil {
 		cctx, cancel := context.WithDeadline(context.Background(), deadline)
