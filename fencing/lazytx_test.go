@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -357,4 +359,68 @@ func TestInTxStaleFirstStatement(t *testing.T) {
 	_, err := writeRow(pool, old, 1, "stale by QueryRow")
 	wantStaleTx(t, err, old)
 	wantItem(t, pool, 1, "current", tok.Fence)
+}
+
+// statementLog is a pgx tracer that records the statements it is told of,
+// as a query (QueryTracer) or as a batch's (BatchTracer).
+type statementLog struct {
+	mu             sync.Mutex
+	queries, batch []string
+}
+
+func (l *statementLog) add(to *[]string, sql string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	*to = append(*to, sql)
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.add(&l.queries, d.SQL)
+	return ctx
+}
+func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (l *statementLog) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (l *statementLog) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l.add(&l.batch, d.SQL)
+}
+func (l *statementLog) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestInTxTracer: a pgx tracer on the pool is told of every statement of
+// fn, as InTx's documentation says: the first, which rides with BEGIN, as
+// a batch's (BatchTracer), the others as queries (QueryTracer).
+func TestInTxTracer(t *testing.T) {
+	pool := setup(t)
+	tok := grant(t, pool, "tracer", time.Hour)
+	log := new(statementLog)
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.Tracer = log
+	traced, err := pgxpool.NewWithConfig(bg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer traced.Close()
+	const second = `UPDATE items SET v = v || '!' WHERE id = $1`
+	err = fencing.InTx(bg, traced, tok, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(bg, upsertItem, 1, "v"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(bg, second, 1)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantItem(t, pool, 1, "v!", tok.Fence)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	t.Logf("as queries: %q; in a batch: %q", log.queries, log.batch)
+	if !slices.Contains(log.batch, upsertItem) || slices.Contains(log.queries, upsertItem) {
+		t.Errorf("fn's first statement: told as a batch's %v, as a query %v; want as a batch's only",
+			slices.Contains(log.batch, upsertItem), slices.Contains(log.queries, upsertItem))
+	}
+	if !slices.Contains(log.queries, second) {
+		t.Errorf("fn's second statement was not told as a query: %q", log.queries)
+	}
 }

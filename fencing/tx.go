@@ -150,11 +150,13 @@ func connOf(db DB) *pgx.Conn {
 // to the server in one round trip with BEGIN and the declaration, so a
 // fenced write of one statement takes two round trips, as the statement
 // and COMMIT alone do; any other first call begins as Begin does, then
-// runs. fn's tx is then InTx's own pgx.Tx. If the server refuses the
-// declaration, fn's first call returns the error Begin would have, no
-// statement of fn runs, and InTx returns that error whatever fn returns;
-// an fn that makes no call sends nothing. On a pgx.Tx, or any other DB,
-// InTx begins with Begin before calling fn.
+// runs. A pgx tracer on the connection is told of that first round trip
+// as a batch (pgx.BatchTracer: BEGIN, the declaration and the statement),
+// not as a query (pgx.QueryTracer). fn's tx is then InTx's own pgx.Tx.
+// If the server refuses the declaration, fn's first call returns the
+// error Begin would have, no statement of fn runs, and InTx returns that
+// error whatever fn returns; an fn that makes no call sends nothing. On a
+// pgx.Tx, or any other DB, InTx begins with Begin before calling fn.
 //
 // A write the guard rejects as stale makes InTx return an error that
 // satisfies errors.Is(err, ErrStale) — a *StaleError wrapping the error fn
