@@ -95,7 +95,7 @@ var buildMu sync.Mutex
 // (defaults: the Dockerfile's). Modules come from this host's module cache
 // through a proxy on loopback (the build runs with --network host), so the
 // build needs no network of its own; the layer cache makes a second build
-// quick.
+// quick, and the next run's too when the sources have not changed.
 func buildPgfenceImage(t *testing.T) string {
 	t.Helper()
 	needDocker(t)
@@ -119,7 +119,7 @@ func buildPgfenceImage(t *testing.T) string {
 	defer proxy.Close()
 
 	tag := "pgfence-test/pgfence:" + randomSuffix()
-	args := []string{"build", "--network", "host", "-t", tag, "--build-arg", "GOPROXY=" + proxy.URL}
+	args := []string{"build", "--network", "host", "--build-arg", "GOPROXY=" + proxy.URL}
 	if v := os.Getenv("PGFENCE_GO_IMAGE"); v != "" {
 		args = append(args, "--build-arg", "GO_IMAGE="+v)
 	}
@@ -127,7 +127,10 @@ func buildPgfenceImage(t *testing.T) string {
 		args = append(args, "--build-arg", "RUNTIME_IMAGE="+v)
 	}
 	start := time.Now()
-	run(t, ctx, root, nil, "docker", append(args, ".")...)
+	// The build stage first, under this process's tag (see buildStageTag),
+	// then the image, from the build stage's cache.
+	run(t, ctx, root, nil, "docker", append(args, "--target", "build", "-t", buildStageTag, ".")...)
+	run(t, ctx, root, nil, "docker", append(args, "-t", tag, ".")...)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -136,7 +139,37 @@ func buildPgfenceImage(t *testing.T) string {
 		}
 	})
 	t.Logf("built %s from the Dockerfile in %v", tag, time.Since(start).Round(time.Second))
+	pruneBuildStages.Do(func() { pruneOlderBuildStages(t, ctx) })
 	return tag
+}
+
+// buildStageTag names the Dockerfile's build stage as this test process
+// built it. The classic builder keeps a multi-stage build's earlier
+// stages as untagged images (its layer cache): half a gigabyte per run,
+// which no one could tell from other untagged images. Tagged, the
+// latest run's stays as the next run's cache and older ones are removed
+// (pruneOlderBuildStages).
+var buildStageTag = buildStageRepo + ":" + randomSuffix()
+
+const buildStageRepo = "pgfence-test/build-stage"
+
+var pruneBuildStages sync.Once
+
+// pruneOlderBuildStages removes the build-stage tags of earlier test
+// processes, and with them the layers no other image uses. A removal that
+// fails (another process's build still using it) is logged, not fatal:
+// the layers are a cache.
+func pruneOlderBuildStages(t *testing.T, ctx context.Context) {
+	t.Helper()
+	out := run(t, ctx, "", nil, "docker", "images", "--filter", "reference="+buildStageRepo, "--format", "{{.Repository}}:{{.Tag}}")
+	for _, ref := range strings.Fields(out) {
+		if ref == buildStageTag {
+			continue
+		}
+		if out, err := tryRun(ctx, "", nil, "docker", "rmi", ref); err != nil {
+			t.Logf("docker rmi %s (an earlier run's build stage): %v\n%s", ref, err, out)
+		}
+	}
 }
 
 // downloadBuildModules fills this host's module cache with what the
