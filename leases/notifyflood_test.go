@@ -3,6 +3,8 @@ package leases
 import (
 	"errors"
 	"runtime"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -77,9 +79,15 @@ func TestForgedNotificationsCoalesce(t *testing.T) {
 	if _, err := attacker.Exec(ctx, `SELECT pg_notify('pgfence_leases', 'flooded')`); err != nil {
 		t.Fatal(err)
 	}
-	pgtest.WaitFor(t, 30*time.Second, "the holder's goroutines to settle", func() bool {
-		return runtime.NumGoroutine() <= base+10
-	})
+	if !pgtest.Poll(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+10 }) {
+		// An earlier failure here, under heavy load, left nothing to read:
+		// say which goroutines were left (identical stacks counted once).
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		close(stop)
+		<-sampled
+		t.Fatalf("the holder's goroutines did not settle within 30s: %d, base %d; goroutines:\n%s", runtime.NumGoroutine(), base, stacks.String())
+	}
 	close(stop)
 	<-sampled
 	mu.Lock()
