@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -106,6 +109,7 @@ func buildPgfenceImage(t *testing.T) string {
 	root := repoRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
+	defer lockBuilds(t, ctx)()
 	downloadBuildModules(t, ctx, root)
 	modcache := strings.TrimSpace(run(t, ctx, root, nil, "go", "env", "GOMODCACHE"))
 	proxy := httptest.NewUnstartedServer(http.FileServer(http.Dir(filepath.Join(modcache, "cache", "download"))))
@@ -154,6 +158,41 @@ var buildStageTag = buildStageRepo + ":" + randomSuffix()
 const buildStageRepo = "pgfence-test/build-stage"
 
 var pruneBuildStages sync.Once
+
+// lockBuilds takes a lock file shared by every test process on this
+// machine, and returns its release: another clone's tests building at the
+// same time would find the proxy's fixed port taken (a new GOPROXY value,
+// so no layer cache), and its pruning could remove the build stage this
+// build is about to use.
+func lockBuilds(t *testing.T, ctx context.Context) (unlock func()) {
+	t.Helper()
+	name := filepath.Join(os.TempDir(), "pgfence-test-docker-build.lock")
+	// Read-only, and created only if missing: another user's lock file
+	// in a sticky directory can be opened so, not written or re-created.
+	f, err := os.Open(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		f, err = os.OpenFile(name, os.O_CREATE|os.O_RDONLY, 0o666)
+	}
+	if err != nil {
+		t.Fatalf("lock the Docker builds: %v", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { _ = f.Close() } // closing releases the lock
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			_ = f.Close()
+			t.Fatalf("lock %s: %v", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			t.Fatalf("lock %s: another test process still held it when the build's time ran out (%v)", name, ctx.Err())
+		case <-time.After(100 * time.Millisecond): // polling: flock has no wait with a deadline
+		}
+	}
+}
 
 // pruneOlderBuildStages removes the build-stage tags of earlier test
 // processes, and with them the layers no other image uses. A removal that
