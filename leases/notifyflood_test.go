@@ -79,17 +79,16 @@ func TestForgedNotificationsCoalesce(t *testing.T) {
 	if _, err := attacker.Exec(ctx, `SELECT pg_notify('pgfence_leases', 'flooded')`); err != nil {
 		t.Fatal(err)
 	}
-	if !pgtest.Poll(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+10 }) {
+	settled := pgtest.Poll(30*time.Second, func() bool { return runtime.NumGoroutine() <= base+10 })
+	close(stop)
+	<-sampled
+	if !settled {
 		// An earlier failure here, under heavy load, left nothing to read:
 		// say which goroutines were left (identical stacks counted once).
 		var stacks strings.Builder
 		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
-		close(stop)
-		<-sampled
 		t.Fatalf("the holder's goroutines did not settle within 30s: %d, base %d; goroutines:\n%s", runtime.NumGoroutine(), base, stacks.String())
 	}
-	close(stop)
-	<-sampled
 	mu.Lock()
 	defer mu.Unlock()
 	// Bound: the attacker's 4 goroutines and its pool's, the sampler, and
