@@ -90,8 +90,6 @@ func composeCommand(t *testing.T) []string {
 	return nil
 }
 
-var buildMu sync.Mutex
-
 // buildPgfenceImage builds the repository's Dockerfile into a new tag that
 // is removed when t ends, and returns the tag. The build stage's and final
 // stage's base images come from PGFENCE_GO_IMAGE and PGFENCE_RUNTIME_IMAGE
@@ -102,10 +100,6 @@ var buildMu sync.Mutex
 func buildPgfenceImage(t *testing.T) string {
 	t.Helper()
 	needDocker(t)
-	// One build at a time: two would share the work anyway, through
-	// the layer cache, but race to fill it on two cores.
-	buildMu.Lock()
-	defer buildMu.Unlock()
 	root := repoRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -159,11 +153,13 @@ const buildStageRepo = "pgfence-test/build-stage"
 
 var pruneBuildStages sync.Once
 
-// lockBuilds takes a lock file shared by every test process on this
-// machine, and returns its release: another clone's tests building at the
-// same time would find the proxy's fixed port taken (a new GOPROXY value,
-// so no layer cache), and its pruning could remove the build stage this
-// build is about to use.
+// lockBuilds takes a lock file shared by every build on this machine,
+// and returns its release: one build at a time. Two would share the work
+// anyway, through the layer cache, but race to fill it on two cores; and
+// another test process's build would find the proxy's fixed port taken (a
+// new GOPROXY value, so no layer cache), and its pruning could remove the
+// build stage this build is about to use. Each call opens the file anew,
+// so the lock excludes this process's other builds too.
 func lockBuilds(t *testing.T, ctx context.Context) (unlock func()) {
 	t.Helper()
 	name := filepath.Join(os.TempDir(), "pgfence-test-docker-build.lock")
