@@ -134,12 +134,20 @@ mmdebstrap_import() {
 	log "$tag: mmdebstrap ${mm[*]}"
 	tmp=$(mktemp -d)
 	# A file rather than a pipe: a failed mmdebstrap must not import half a
-	# root filesystem.
-	if ! mmdebstrap --quiet --aptopt='APT::Install-Recommends "false"' \
-		--customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*' \
-		"${mm[@]}" "$suite" "$tmp/rootfs.tar" "${sources[@]}" >&2; then
-		rm -rf "$tmp"
-		die "$tag: mmdebstrap failed"
+	# root filesystem. --quiet hides apt's output, and with it why a run
+	# failed; a mirror can fail a download now and then (seen: "E:
+	# mmdebstrap failed to run" and nothing else), so a failed run is
+	# tried once more with apt's output shown.
+	local mmopts=(--aptopt='APT::Install-Recommends "false"'
+		--customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*'
+		"${mm[@]}" "$suite" "$tmp/rootfs.tar" "${sources[@]}")
+	if ! mmdebstrap --quiet "${mmopts[@]}" >&2; then
+		log "$tag: mmdebstrap failed; once more, with its output"
+		rm -f "$tmp/rootfs.tar"
+		if ! mmdebstrap "${mmopts[@]}" >&2; then
+			rm -rf "$tmp"
+			die "$tag: mmdebstrap failed twice"
+		fi
 	fi
 	local rootfs="$tag-rootfs"
 	docker import "$tmp/rootfs.tar" "$rootfs" >/dev/null
