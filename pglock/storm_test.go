@@ -3,12 +3,15 @@ package pglock
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -51,18 +54,25 @@ func TestDeadlineStormLeavesNoLock(t *testing.T) {
 		rounds = 30
 	}
 	pool, st, took := runStorm(t, "dstorm/", rounds, true)
-	t.Logf("%d Lock calls in %v (%d rounds of %d with every waiter queued at the release): %d waiters granted, %d past their deadline, %d of them answered late; the pool opened %d connections",
-		st.calls.Load(), took, st.queued.Load(), 3*rounds, st.granted.Load(), st.cancelled.Load(), st.late.Load(), pool.Stat().NewConnsCount())
+	destroyed, byWhy := st.destroyed.counts()
+	t.Logf("%d Lock calls in %v (%d rounds of %d with every waiter queued at the release): %d waiters granted, %d past their deadline, %d of them answered late; pglock destroyed %d sessions %v; the pool pinged %d connections and opened %d sessions (%d connection attempts)",
+		st.calls.Load(), took, st.queued.Load(), 3*rounds, st.granted.Load(), st.cancelled.Load(), st.late.Load(), destroyed, byWhy, st.pings.Load(), st.opened.Load(), pool.Stat().NewConnsCount())
 	// Every wait past its deadline keeps its session unless the server's
 	// answer came more than answerWait late and pglock had to end the
-	// wait itself (then the session goes): the pool opens its first
-	// connections and one for each late answer, at most. (When a wait
-	// granted as its deadline passed was destroyed: 222-320 for about
-	// 1,130 waits, with 0-1 late answers.) Late answers are counted, not
-	// assumed rare: behind Docker's port proxy on a loaded machine 118 of
-	// 1,170 were late.
-	if n, most := pool.Stat().NewConnsCount(), int64(pool.Config().MaxConns)+st.late.Load(); !t.Failed() && n > most {
-		t.Errorf("the pool opened %d connections for %d waits past their deadline, %d answered late; want at most %d: waits lost their sessions", n, st.cancelled.Load(), st.late.Load(), most)
+	// wait itself (then the session goes): pglock destroys one session
+	// per late answer, at most. (When a wait granted as its deadline
+	// passed was destroyed: 222-320 for about 1,130 waits, with 0-1 late
+	// answers.) Late answers are counted, not assumed rare: behind
+	// Docker's port proxy on a loaded machine 118 of 1,170 were late.
+	if late := st.late.Load(); !t.Failed() && (destroyed > late || destroyed != byWhy["wait abandoned"]) {
+		t.Errorf("pglock destroyed %d sessions %v for %d waits past their deadline, %d answered late; want only abandoned waits, at most one per late answer: waits lost their sessions", destroyed, byWhy, st.cancelled.Load(), late)
+	}
+	// And no session goes any other way unnoticed (a statement cut by its
+	// context closes its connection without a word): the pool opens its
+	// first sessions, one for each that pglock destroyed, and one for
+	// each of its own pings, which a deadline may cut (runStorm).
+	if n, most := st.opened.Load(), int64(pool.Config().MaxConns)+destroyed+st.pings.Load(); !t.Failed() && n > most {
+		t.Errorf("the pool opened %d sessions; want at most %d (its %d, the %d pglock destroyed, the %d it pinged): sessions were lost unnoticed", n, most, pool.Config().MaxConns, destroyed, st.pings.Load())
 	}
 	// If every answer came late, no session was kept and the storm
 	// showed nothing.
@@ -78,9 +88,27 @@ func TestDeadlineStormLeavesNoLock(t *testing.T) {
 func runStorm(t *testing.T, prefix string, rounds int, deadlines bool) (*pgxpool.Pool, *stormStats, time.Duration) {
 	names := []string{prefix + "a", prefix + "b", prefix + "c"}
 	const waiters = 4
-	pool := newPool(t, pgtest.URL(t), int32(len(names)*(waiters+2)+1))
-	l := newLocker(t, pool)
 	st := new(stormStats)
+	pool := pgtest.PoolFor(t, pgtest.URL(t), func(c *pgxpool.Config) {
+		c.MaxConns = int32(len(names)*(waiters+2) + 1)
+		c.AfterConnect = func(context.Context, *pgx.Conn) error {
+			st.opened.Add(1)
+			return nil
+		}
+		// pgxpool's default, counted: a connection idle for over a
+		// second is pinged as it is acquired, under the acquirer's
+		// deadline, and closed if the ping fails, so a waiter whose
+		// deadline passes during the ping costs the pool a connection
+		// that pglock never had.
+		c.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+			if p.IdleDuration <= time.Second {
+				return false
+			}
+			st.pings.Add(1)
+			return true
+		}
+	})
+	l := newLocker(t, pool, WithLogger(slog.New(&st.destroyed)))
 	l.hooks.lateAnswer = func() { st.late.Add(1) }
 	// Not testContext's minute: every cancelled waiter costs the server a
 	// cancel request and a new connection, each a process the postmaster
@@ -132,6 +160,51 @@ type stormStats struct {
 	calls, granted, cancelled atomic.Int64
 	queued                    atomic.Int64 // rounds whose waiters all queued before T
 	late                      atomic.Int64 // waits whose server answered later than answerWait (deadlines)
+	pings                     atomic.Int64 // connections pgxpool pinged as they were acquired
+	opened                    atomic.Int64 // sessions the pool opened
+	destroyed                 destroyLog   // sessions pglock destroyed
+}
+
+// destroyLog is a log handler that counts the sessions pglock destroys
+// (telemetry.destroyed), by why, and drops every record.
+type destroyLog struct {
+	mu    sync.Mutex
+	byWhy map[string]int64
+}
+
+func (d *destroyLog) Enabled(context.Context, slog.Level) bool { return true }
+func (d *destroyLog) WithAttrs([]slog.Attr) slog.Handler       { return d }
+func (d *destroyLog) WithGroup(string) slog.Handler            { return d }
+
+func (d *destroyLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "pglock: connection destroyed" {
+		return nil
+	}
+	why := "?"
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "why" {
+			why = a.Value.String()
+		}
+		return true
+	})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.byWhy == nil {
+		d.byWhy = make(map[string]int64)
+	}
+	d.byWhy[why]++
+	return nil
+}
+
+// counts returns how many sessions were destroyed, in all and by why.
+func (d *destroyLog) counts() (total int64, byWhy map[string]int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	byWhy = maps.Clone(d.byWhy)
+	for _, n := range byWhy {
+		total += n
+	}
+	return total, byWhy
 }
 
 // storm runs the rounds of one name. With deadlines, each waiter's
