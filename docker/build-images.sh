@@ -64,6 +64,11 @@ for tool in docker mmdebstrap go; do
 done
 [ "$(id -u)" = 0 ] || die "run as root: mmdebstrap builds the root filesystems in root mode"
 
+# Every temporary directory is made in one, removed however the script
+# ends (a failed step's die, or .ci/run ending the script's group).
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
 # The suite and the apt sources of this machine: the images are built from
 # the same Debian release and mirror as the host's packages (the postgres
 # image from another release, through the same mirrors: build_postgres).
@@ -132,7 +137,7 @@ mmdebstrap_import() {
 	local start=$SECONDS tmp old
 	old=$(image_id "$tag")
 	log "$tag: mmdebstrap ${mm[*]}"
-	tmp=$(mktemp -d)
+	tmp=$(mktemp -d -p "$work")
 	# A file rather than a pipe: a failed mmdebstrap must not import half a
 	# root filesystem. --quiet hides apt's output, and with it why a run
 	# failed; a mirror can fail a download now and then (seen: "E:
@@ -173,7 +178,7 @@ build_postgres() {
 	# mirrors as the host's, for pg_suite instead of the host's suite.
 	local host_suite=$suite suite=$pg_suite srcdir f
 	local sources=()
-	srcdir=$(mktemp -d)
+	srcdir=$(mktemp -d -p "$work")
 	for f in "${host_sources[@]}"; do
 		sed -E "s/\b$host_suite\b/$suite/g" "$f" >"$srcdir/$(basename "$f")"
 		sources+=("$srcdir/$(basename "$f")")
@@ -218,7 +223,7 @@ build_golang() {
 	build_runtime >/dev/null
 	local start=$SECONDS tmp old cid base ok=true
 	old=$(image_id "$tag")
-	tmp=$(mktemp -d)
+	tmp=$(mktemp -d -p "$work")
 	log "$tag: $runtime_tag with $goroot"
 	cid=$(docker create "$runtime_tag")
 	docker export "$cid" | tar -x -C "$tmp" || ok=false
@@ -276,7 +281,7 @@ build_migrate() {
 	build_runtime >/dev/null
 	local start=$SECONDS tmp old
 	old=$(image_id "$tag")
-	tmp=$(mktemp -d)
+	tmp=$(mktemp -d -p "$work")
 	log "$tag: go install github.com/golang-migrate/migrate/v4/cmd/migrate@$version"
 	# migrations' TestUpstreamCLI builds the CLI with the same tags, cgo and
 	# -trimpath, so that its compile comes from the build cache.
