@@ -65,7 +65,8 @@ done
 [ "$(id -u)" = 0 ] || die "run as root: mmdebstrap builds the root filesystems in root mode"
 
 # Every temporary directory is made in one, removed however the script
-# ends (a failed step's die, or .ci/run ending the script's group).
+# ends (a failed step's die, or .ci/run ending the script's group); a step
+# that succeeds removes its own at once, to free the space.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -149,10 +150,7 @@ mmdebstrap_import() {
 	if ! mmdebstrap --quiet "${mmopts[@]}" >&2; then
 		log "$tag: mmdebstrap failed; once more, with its output"
 		rm -f "$tmp/rootfs.tar"
-		if ! mmdebstrap "${mmopts[@]}" >&2; then
-			rm -rf "$tmp"
-			die "$tag: mmdebstrap failed twice"
-		fi
+		mmdebstrap "${mmopts[@]}" >&2 || die "$tag: mmdebstrap failed twice"
 	fi
 	local rootfs="$tag-rootfs"
 	docker import "$tmp/rootfs.tar" "$rootfs" >/dev/null
@@ -228,7 +226,7 @@ build_golang() {
 	cid=$(docker create "$runtime_tag")
 	docker export "$cid" | tar -x -C "$tmp" || ok=false
 	docker rm "$cid" >/dev/null
-	$ok || { rm -rf "$tmp"; die "$tag: docker export of $runtime_tag failed"; }
+	$ok || die "$tag: docker export of $runtime_tag failed"
 	rm -f "$tmp/.dockerenv"
 	mkdir -p "$tmp/go/bin" "$tmp/go/src"
 	# The toolchain goes in under usr/local/go by renaming its members
@@ -287,7 +285,6 @@ build_migrate() {
 	# -trimpath, so that its compile comes from the build cache.
 	if ! (cd "$tmp" && GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -tags 'postgres pgx5' -trimpath \
 		-ldflags="-s -w -X main.Version=$version" "github.com/golang-migrate/migrate/v4/cmd/migrate@$version" >&2); then
-		rm -rf "$tmp"
 		die "$tag: go install failed"
 	fi
 	cat >"$tmp/Dockerfile" <<-EOF
@@ -298,7 +295,6 @@ build_migrate() {
 		CMD ["--help"]
 	EOF
 	if ! docker build -q -t "$tag" "$tmp" >/dev/null; then
-		rm -rf "$tmp"
 		die "$tag: docker build failed"
 	fi
 	rm -rf "$tmp"
