@@ -1,6 +1,7 @@
 package leases
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -33,18 +34,22 @@ func TestExclusiveAcrossProcesses(t *testing.T) {
 	}
 	const procs = 3
 	cmds := make([]*exec.Cmd, procs)
+	// Each helper's output goes into the failure it explains: written to
+	// this process's stderr, it landed among other tests' output, and a
+	// helper that exited 1 in CI left nothing to read.
+	outs := make([]bytes.Buffer, procs)
 	for i := range cmds {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), helperEnvURL+"="+url, helperEnvName+"=procs")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		cmds[i] = cmd
 	}
-	for _, cmd := range cmds {
+	for i, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
-			t.Errorf("helper process: %v", err)
+			t.Errorf("helper process %d: %v\n%s", i, err, outs[i].String())
 		}
 	}
 	rows, err := pool.Query(ctx, "SELECT fence, pid, t0, t1 FROM holds ORDER BY fence")
