@@ -41,8 +41,12 @@ func TestHandoverAcrossProcesses(t *testing.T) {
 	}
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHandoverHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnvHandoverURL+"="+url)
-	listened := &watchWriter{w: os.Stderr, match: "leases: listening for releases", seen: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = os.Stderr, listened
+	// The helper's output goes into this test's log if it fails, as
+	// TestExclusiveAcrossProcesses's does: written to this process's
+	// stderr, it landed among other tests' output.
+	var out bytes.Buffer
+	listened := &watchWriter{w: &out, match: "leases: listening for releases", seen: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = listened, listened
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +56,9 @@ func TestHandoverAcrossProcesses(t *testing.T) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
+		if t.Failed() {
+			t.Logf("the helper process's output:\n%s", out.String())
+		}
 	})
 	waitFor(t, pool, `SELECT EXISTS (SELECT FROM pgfence.leases WHERE name = $1 AND owner LIKE 'helper-%' AND expires_at > clock_timestamp())`, "deploy/leader")
 	// The premise: the leader listens (TestRequestBeforeListening covers a
@@ -152,8 +159,9 @@ func TestHandoverHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	// Its log goes to the test's output: when the hand-over is slow, it
-	// says when the leader listened and heard the request.
+	// Its log goes to the test's output when the test fails: when the
+	// hand-over is slow, it says when the leader listened and heard the
+	// request.
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	c, err := New(pool, WithOwner("helper"), WithLogger(log.With("process", "helper")))
 	if err != nil {
